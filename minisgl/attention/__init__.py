@@ -1,0 +1,50 @@
+"""Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA.
+
+``"prefill_name,decode_name"`` builds a ``HybridBackend``. Mirrors upstream
+``minisgl.attention``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from minisgl.distributed import get_tp_info
+from minisgl.utils import Registry, div_even
+
+from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
+
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
+
+ATTENTION_BACKENDS = Registry[Callable[["ModelConfig"], BaseAttnBackend]]("attention backend")
+
+
+@ATTENTION_BACKENDS.register("torch")
+def _torch_backend(config: ModelConfig) -> BaseAttnBackend:
+    from .torch_backend import TorchAttnBackend
+
+    tp = get_tp_info().size
+    return TorchAttnBackend(
+        div_even(config.num_qo_heads, tp),
+        div_even(config.num_kv_heads, tp, allow_replicate=True),
+        config.head_dim,
+    )
+
+
+def create_attention_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
+    """Build backend ``name`` (or a ``"prefill,decode"`` pair).
+
+    Raises:
+        ValueError: for an unknown name or more than one comma.
+    """
+    if "," in name:
+        parts = name.split(",")
+        if len(parts) != 2:
+            raise ValueError(f"a hybrid backend is 'prefill,decode', got {name!r}")
+        if parts[0] != parts[1]:
+            return HybridBackend(*(create_attention_backend(p, config) for p in parts))
+        name = parts[0]
+    return ATTENTION_BACKENDS[name](config)
+
+
+__all__ = ["ATTENTION_BACKENDS", "BaseAttnBackend", "BaseAttnMetadata", "HybridBackend", "create_attention_backend"]

@@ -1,0 +1,56 @@
+"""The attention backend interface: plan once per batch, then run every layer.
+
+A backend is asked twice per forward pass. ``prepare_metadata(batch)`` runs once, before
+the model: it turns the batch's requests into whatever index tensors its kernels need
+(sequence lengths, where each request's KV lives) and stores them in
+``batch.attn_metadata``. ``forward(q, k, v, layer_id, batch)`` runs in every layer: it
+stores this step's K/V into the pool and attends over each request's whole context.
+Mirrors upstream ``minisgl.attention.base``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from minisgl.core import Batch
+
+
+class BaseAttnMetadata(ABC):
+    @abstractmethod
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        """Row of each request's last token in the packed ``[T, ...]`` batch, ``[bs]`` int64."""
+
+
+class BaseAttnBackend(ABC):
+    @abstractmethod
+    def prepare_metadata(self, batch: Batch) -> None:
+        """Fill ``batch.attn_metadata``; called after the page table holds this step's slots."""
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k, v first."""
+
+
+class HybridBackend(BaseAttnBackend):
+    """One backend for prefill batches and another for decode batches (``"fa,fi"``)."""
+
+    def __init__(self, prefill_backend: BaseAttnBackend, decode_backend: BaseAttnBackend) -> None:
+        self.prefill_backend = prefill_backend
+        self.decode_backend = decode_backend
+
+    def _pick(self, batch: Batch) -> BaseAttnBackend:
+        return self.prefill_backend if batch.is_prefill else self.decode_backend
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        self._pick(batch).prepare_metadata(batch)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        return self._pick(batch).forward(q, k, v, layer_id, batch)

@@ -1,0 +1,154 @@
+"""The engine: one model, its KV pool and page table, and one forward pass per call.
+
+The engine knows nothing about requests arriving or finishing; the scheduler hands it a
+prepared ``Batch`` and gets the next token of each request back. Start-up is the
+interesting part: load the weights, then size the KV pool from what memory is left.
+Mirrors upstream ``minisgl.engine.engine.Engine``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
+from minisgl.distributed import set_tp_info
+from minisgl.kvcache import create_kvcache_pool
+from minisgl.models import create_model, load_weight
+from minisgl.utils import align_up, div_even, init_logger, torch_dtype
+from minisgl.utils.device import (
+    Event,
+    create_event,
+    create_stream,
+    default_device,
+    get_free_memory,
+    is_cuda,
+    set_stream,
+    synchronize,
+)
+
+from .config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from .sample import BatchSamplingArgs, Sampler
+
+logger = init_logger(__name__)
+
+
+class ForwardOutput(NamedTuple):
+    next_tokens_gpu: torch.Tensor  # [B] int32 on the engine's device
+    next_tokens_cpu: torch.Tensor  # [B] int32, valid once copy_done_event has completed
+    copy_done_event: Event
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        self.device = torch.device(config.device) if config.device else default_device()
+        if is_cuda(self.device) and self.device.index is None:
+            self.device = torch.device("cuda", config.tp_info.rank)
+        if is_cuda(self.device):
+            torch.cuda.set_device(self.device)
+        set_tp_info(config.tp_info.rank, config.tp_info.size)
+        torch.manual_seed(config.seed)
+        self.stream = create_stream(self.device)
+        set_stream(self.stream)
+        self.dtype = config.dtype
+        self.ctx = Context(config.page_size)
+        set_global_ctx(self.ctx)
+        model_config = config.model_config
+        free_before = get_free_memory(self.device) if is_cuda(self.device) else 0
+
+        # weights: build on the meta device (no memory), then swap in the loaded tensors
+        with torch.device("meta"), torch_dtype(config.dtype):
+            self.model = create_model(model_config)
+        self.model.load_state_dict(
+            dict(load_weight(config.model_path, self.device, self.dtype, model_config.num_kv_heads))
+        )
+
+        # KV pool: one extra page at the end belongs to the dummy request (CUDA graphs)
+        self.num_pages = self._determine_num_pages(free_before)
+        num_tokens = self.num_pages * config.page_size
+        self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
+            model_config, self.num_pages + 1, config.page_size, self.device, self.dtype
+        )
+        self.max_seq_len = min(config.max_seq_len, num_tokens)
+        # +1 row for the dummy request; columns rounded to 32 so rows stay 128-byte aligned
+        self.ctx.page_table = self.page_table = torch.zeros(
+            (config.max_running_req + 1, align_up(self.max_seq_len, 32)), dtype=torch.int32, device=self.device
+        )
+        self.dummy_req = Req(
+            input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
+            cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams(), cache_handle=None,  # type: ignore[arg-type]
+        )
+        self.page_table[self.dummy_req.table_idx].fill_(num_tokens)  # the dummy page
+
+        self.ctx.attn_backend = self.attn_backend = create_attention_backend(
+            self._pick_attention_backend(), model_config
+        )
+        self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
+        logger.info(f"engine ready on {self.device} in {time.perf_counter() - t0:.1f} s")
+
+    def _pick_attention_backend(self) -> str:
+        name = self.config.attention_backend
+        if name != "auto":
+            return name
+        if is_cuda(self.device):
+            try:
+                import flashinfer  # noqa: F401
+
+                return "fi"
+            except ImportError:
+                logger.warning("flashinfer is not installed: using the torch attention backend")
+        return "torch"
+
+    def _determine_num_pages(self, free_before: int) -> int:
+        """Pages of KV the pool gets, printed with the memory they take.
+
+        Raises:
+            ValueError: when not even two pages fit.
+        """
+        cfg, mc = self.config, self.config.model_config
+        kv_heads = div_even(mc.num_kv_heads, cfg.tp_info.size, allow_replicate=True)
+        bytes_per_page = 2 * mc.num_layers * cfg.page_size * kv_heads * mc.head_dim * self.dtype.itemsize
+        if cfg.num_page_override is not None:
+            num_pages, how = cfg.num_page_override, "num_page_override"
+        elif cfg.kv_memory_cap is not None:
+            num_pages, how = cfg.kv_memory_cap // bytes_per_page, f"kv_memory_cap={cfg.kv_memory_cap / 2**20:.0f} MiB"
+        elif is_cuda(self.device):
+            weights = free_before - get_free_memory(self.device)
+            budget = int(cfg.memory_ratio * free_before) - weights
+            num_pages, how = budget // bytes_per_page, f"{cfg.memory_ratio:.0%} of free GPU memory"
+        else:
+            num_pages = DEFAULT_CPU_KV_MEMORY // bytes_per_page
+            how = f"the CPU default of {DEFAULT_CPU_KV_MEMORY / 2**20:.0f} MiB"
+        if num_pages < 2:
+            raise ValueError(f"not enough memory for the KV cache ({num_pages} pages from {how})")
+        logger.info(
+            f"KV cache: {num_pages} pages x {cfg.page_size} tokens = {num_pages * cfg.page_size} tokens, "
+            f"{num_pages * bytes_per_page / 2**20:.1f} MiB ({how})"
+        )
+        return num_pages
+
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """Run the model on a prepared batch and sample one token per request.
+
+        Every request's ``complete_one`` is called: its fed tokens are now cached and the
+        sampled token will sit at the old ``device_len``. The CPU copy of the tokens is
+        started without waiting; wait on ``copy_done_event`` before reading it.
+        """
+        with self.ctx.forward_batch(batch):
+            logits = self.model.forward()
+        for req in batch.reqs:
+            req.complete_one()
+        next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
+        next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=True)
+        copy_done = create_event(self.device)
+        copy_done.record(self.stream)
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done)
+
+    def shutdown(self) -> None:
+        synchronize(self.device)
+        set_global_ctx(None)

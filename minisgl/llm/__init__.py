@@ -1,0 +1,5 @@
+"""The offline interface. Mirrors upstream ``minisgl.llm``."""
+
+from .llm import LLM, RequestAllFinished
+
+__all__ = ["LLM", "RequestAllFinished"]

@@ -1,0 +1,117 @@
+"""The offline interface: ``LLM(path).generate(prompts, params)`` with no server at all.
+
+``LLM`` *is* a scheduler. It overrides only where messages come from (a list in memory)
+and where results go (a dict in memory), and reuses the main loop unchanged, so testing
+the offline interface tests the server's scheduling too. Mirrors upstream
+``minisgl.llm.llm.LLM``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Sequence, Tuple
+
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.message import BaseBackendMsg, DetokenizeMsg, UserMsg
+from minisgl.scheduler import Scheduler, SchedulerConfig
+
+Prompt = str | List[int]
+
+
+class RequestAllFinished(Exception):
+    """Raised by ``receive_msg`` to leave ``run_forever`` once every request is done."""
+
+
+@dataclass
+class RequestStatus:
+    uid: int
+    input_ids: List[int]
+    ignore_eos: bool
+    output_ids: List[int] = field(default_factory=list)
+    error: str | None = None
+
+
+class LLM(Scheduler):
+    """``LLM(model_path, dtype=torch.float32, device="cpu", **scheduler_options)``.
+
+    Raises:
+        FileNotFoundError: when ``model_path`` holds no model (the message says how to get
+            the book's default one).
+    """
+
+    def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, **kwargs: Any) -> None:
+        config = SchedulerConfig(model_path=str(model_path), dtype=dtype, offline_mode=True, **kwargs)
+        super().__init__(config)
+        self.pending_requests: List[Tuple[torch.Tensor, SamplingParams]] = []
+        self.status_map: Dict[int, RequestStatus] = {}
+        self.counter = 0
+
+    def _tokenize_one(self, prompt: Prompt) -> torch.Tensor:
+        if isinstance(prompt, str):
+            return torch.tensor(self.tokenizer.encode(prompt), dtype=torch.int32)
+        return torch.tensor(list(prompt), dtype=torch.int32)
+
+    def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
+        """Feed waiting prompts to the scheduler, about one prefill budget's worth per step."""
+        if blocking and not self.pending_requests:
+            raise RequestAllFinished()
+        msgs: List[BaseBackendMsg] = []
+        total_len = 0
+        while self.pending_requests and total_len < self.prefill_budget:
+            input_ids, params = self.pending_requests.pop(0)
+            uid = self.counter
+            self.counter += 1
+            total_len += len(input_ids)
+            self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), params.ignore_eos)
+            msgs.append(UserMsg(uid=uid, input_ids=input_ids, sampling_params=params))
+        return msgs
+
+    def send_result(self, reply: List[DetokenizeMsg]) -> None:
+        for msg in reply:
+            status = self.status_map[msg.uid]
+            if msg.error is not None:
+                status.error = msg.error
+            elif status.ignore_eos or not (msg.finished and msg.next_token == self.eos_token_id):
+                status.output_ids.append(msg.next_token)
+
+    def generate(
+        self, prompts: Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams]
+    ) -> List[Dict[str, Any]]:
+        """Generate for every prompt (text or token ids); returns, in order,
+        ``{"text": str, "token_ids": List[int]}`` (a final EOS is not included).
+
+        Raises:
+            ValueError: naming the request and the limit, when a prompt is empty or does not
+                leave room for one output token in the context (``max_seq_len``); or when the
+                number of sampling params does not match the prompts.
+        """
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        tokenized = [self._tokenize_one(p) for p in prompts]
+        limit = self.engine.max_seq_len
+        for i, ids in enumerate(tokenized):
+            if not 0 < len(ids) < limit:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; a prompt needs between 1 and {limit - 1} "
+                    f"tokens (the context limit is {limit}, with room for one output token)"
+                )
+        # copies: the scheduler may shorten max_tokens to fit the context
+        params = [replace(sp) for sp in sampling_params]
+        start = self.counter
+        self.pending_requests = list(zip(tokenized, params))
+        try:
+            self.run_forever()
+        except RequestAllFinished:
+            pass
+        self.run_when_idle()
+        results = []
+        for i in range(len(prompts)):
+            status = self.status_map.pop(start + i)
+            if status.error is not None:
+                raise ValueError(status.error)
+            results.append({"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids})
+        return results

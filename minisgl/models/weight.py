@@ -1,0 +1,91 @@
+"""Streamed loading of safetensors checkpoints into the engine's merged, sharded layout.
+
+The checkpoint stores ``q_proj``, ``k_proj``, ``v_proj`` (and ``gate_proj``, ``up_proj``)
+separately; the engine's layers want them stacked (``qkv_proj``, ``gate_up_proj``). The
+loader reads one tensor at a time, cuts this rank's shard, holds the pieces of a merge
+group until the group is complete, then yields the stacked tensor. Peak host memory is
+one full tensor plus the pending group, never the whole model.
+
+Mirrors upstream ``minisgl.models.weight.load_weight``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Iterator, Tuple
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from minisgl.distributed import get_tp_info
+from minisgl.utils import div_ceil
+
+# checkpoint suffix -> (merged suffix, position in the merge group, group size)
+_MERGE = {
+    ".q_proj.": (".qkv_proj.", 0, 3),
+    ".k_proj.": (".qkv_proj.", 1, 3),
+    ".v_proj.": (".qkv_proj.", 2, 3),
+    ".gate_proj.": (".gate_up_proj.", 0, 2),
+    ".up_proj.": (".gate_up_proj.", 1, 2),
+}
+_COLUMN_SPLIT = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
+_ROW_SPLIT = (".o_proj.weight", ".down_proj.weight")
+_VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
+
+
+def shard_tensor(name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int) -> torch.Tensor:
+    """This rank's slice of checkpoint tensor ``name`` (the whole tensor when ``size`` is 1).
+
+    Column-parallel weights are cut along dim 0, row-parallel along dim 1, vocabularies
+    in blocks of ``ceil(V / size)`` rows. When there are fewer KV heads than ranks, ranks
+    ``r`` with the same ``r * num_kv_heads // size`` share (replicate) one KV head.
+    """
+    if size == 1:
+        return tensor
+    if any(s in name for s in _COLUMN_SPLIT):
+        if (".k_proj." in name or ".v_proj." in name) and num_kv_heads < size:
+            head_dim = tensor.shape[0] // num_kv_heads
+            head = rank * num_kv_heads // size
+            return tensor[head * head_dim : (head + 1) * head_dim].clone()
+        return tensor.chunk(size, dim=0)[rank].clone()
+    if any(name.endswith(s) for s in _ROW_SPLIT):
+        return tensor.chunk(size, dim=1)[rank].clone()
+    if any(s in name for s in _VOCAB_SPLIT):
+        per_rank = div_ceil(tensor.shape[0], size)
+        return tensor[rank * per_rank : (rank + 1) * per_rank].clone()
+    return tensor
+
+
+def load_weight(
+    model_path: str | Path, device: torch.device, dtype: torch.dtype, num_kv_heads: int
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Yield ``(engine_name, tensor)`` pairs, sharded, merged, cast to ``dtype``, on ``device``.
+
+    Raises:
+        FileNotFoundError: when the folder holds no ``*.safetensors`` file.
+        ValueError: when a merge group is incomplete at the end (a corrupt checkpoint).
+    """
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {str(model_path)!r}")
+    tp = get_tp_info()
+    pending: Dict[str, Dict[int, torch.Tensor]] = {}
+    for file in tqdm(files, desc="Loading weights", disable=not tp.is_primary() or len(files) == 1):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                tensor = shard_tensor(name, f.get_tensor(name), tp.rank, tp.size, num_kv_heads)
+                tensor = tensor.to(device=device, dtype=dtype)
+                merge = next(((k, v) for k, v in _MERGE.items() if k in name), None)
+                if merge is None:
+                    yield name, tensor
+                    continue
+                suffix, (merged_suffix, slot, group_size) = merge
+                merged_name = name.replace(suffix, merged_suffix)
+                group = pending.setdefault(merged_name, {})
+                group[slot] = tensor
+                if len(group) == group_size:
+                    del pending[merged_name]
+                    yield merged_name, torch.cat([group[i] for i in range(group_size)], dim=0)
+    if pending:
+        raise ValueError(f"incomplete merge groups in the checkpoint: {sorted(pending)[:4]}")

@@ -1,0 +1,19 @@
+"""Utilities shared by every part of the engine (no engine logic lives here)."""
+
+from .hf import cached_load_hf_config, check_model_path, load_tokenizer
+from .logger import init_logger
+from .misc import align_up, div_ceil, div_even
+from .registry import Registry
+from .torch_utils import torch_dtype
+
+__all__ = [
+    "Registry",
+    "align_up",
+    "cached_load_hf_config",
+    "check_model_path",
+    "div_ceil",
+    "div_even",
+    "init_logger",
+    "load_tokenizer",
+    "torch_dtype",
+]

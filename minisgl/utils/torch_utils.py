@@ -1,0 +1,19 @@
+"""Context managers around torch's global defaults."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+
+@contextmanager
+def torch_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily make ``dtype`` the default for new floating-point tensors."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
