@@ -1,0 +1,134 @@
+"""Chapter 6: the engine driven by hand, the sampler, and the device shims."""
+
+import pytest
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine import Engine, EngineConfig, Sampler
+from minisgl.engine.sample import BatchSamplingArgs, top_k_top_p_filter
+from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
+
+from conftest import hf_encode, hf_greedy
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 ="]
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3_path):
+    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=4,
+                              num_page_override=128, max_seq_len_override=64))
+    yield eng
+    eng.shutdown()
+
+
+def run_by_hand(engine, prompts_ids, steps):
+    """Play the scheduler: rows 0.., slots from a counter, one prefill then decodes."""
+    reqs = [Req(torch.tensor(ids, dtype=torch.int32), row, 0, steps, row, SamplingParams(max_tokens=steps), None)
+            for row, ids in enumerate(prompts_ids)]
+    next_slot, generated, phase = 0, [[] for _ in reqs], "prefill"
+    feed = torch.cat([r.input_ids for r in reqs])
+    for _ in range(steps):
+        batch = Batch(reqs, phase)
+        for r in reqs:
+            n = r.extend_len
+            engine.page_table[r.table_idx, r.cached_len:r.device_len] = torch.arange(next_slot, next_slot + n)
+            next_slot += n
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+        batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
+        batch.input_ids = feed
+        engine.attn_backend.prepare_metadata(batch)
+        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        out.copy_done_event.synchronize()
+        for g, r, t in zip(generated, reqs, out.next_tokens_cpu):
+            g.append(int(t))
+            r.append_host(t.view(1))
+        feed, phase = out.next_tokens_gpu, "decode"
+    return generated
+
+
+def test_hand_driven_batches_match_hf(engine, qwen3_path):
+    ids = [hf_encode(qwen3_path, p) for p in PROMPTS]
+    with torch.inference_mode():
+        assert run_by_hand(engine, ids, 6) == hf_greedy(qwen3_path, PROMPTS, 6)
+
+
+def test_forward_batch_advances_every_request(engine):
+    req = Req(torch.tensor([5, 6, 7], dtype=torch.int32), 0, 0, 2, 0, SamplingParams(), None)
+    batch = Batch([req], "prefill")
+    engine.page_table[0, :3] = torch.tensor([100, 101, 102])
+    batch.positions, batch.out_loc, batch.input_ids = torch.arange(3), engine.page_table[0, :3], req.input_ids
+    engine.attn_backend.prepare_metadata(batch)
+    with torch.inference_mode():
+        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    assert (req.cached_len, req.device_len) == (3, 4)
+    assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_cpu.shape == (1,)
+
+
+def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
+    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", page_size=4,
+                              kv_memory_cap=2 * 1024**2, max_running_req=2))
+    mc = eng.config.model_config
+    per_page = 2 * mc.num_layers * 4 * mc.num_kv_heads * mc.head_dim * 4
+    assert eng.num_pages == 2 * 1024**2 // per_page
+    assert eng.max_seq_len == min(mc.rotary_config.max_position, eng.num_pages * 4)
+    assert eng.page_table.shape[0] == 3 and eng.page_table.shape[1] % 32 == 0
+    eng.shutdown()
+
+
+def test_too_small_a_pool_is_refused(qwen3_path):
+    with pytest.raises(ValueError, match="not enough memory for the KV cache"):
+        Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", kv_memory_cap=1))
+
+
+def batch_of(params):
+    return Batch([Req(torch.tensor([1], dtype=torch.int32), 0, 0, 1, i, p, None) for i, p in enumerate(params)], "decode")
+
+
+def test_greedy_batches_skip_sampling():
+    sampler = Sampler(torch.device("cpu"), vocab_size=10)
+    args = sampler.prepare(batch_of([SamplingParams(), SamplingParams(top_k=1, temperature=0.5)]))
+    assert args.temperatures is None
+    logits = torch.randn(2, 10)
+    assert torch.equal(sampler.sample(logits, args), logits.argmax(-1))
+
+
+def test_mixed_batch_keeps_greedy_rows_greedy():
+    sampler = Sampler(torch.device("cpu"), vocab_size=50)
+    logits = torch.randn(4, 50)
+    args = sampler.prepare(batch_of([SamplingParams(), SamplingParams(temperature=1.0)] * 2))
+    for _ in range(5):
+        tokens = sampler.sample(logits, args)
+        assert tokens[0] == logits[0].argmax() and tokens[2] == logits[2].argmax()
+
+
+def test_top_k_and_top_p_restrict_the_candidates():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda out: (out > float("-inf")).int().tolist()[0]  # noqa: E731
+    assert kept(top_k_top_p_filter(logits, torch.tensor([2]), None)) == [1, 1, 0, 0]
+    assert kept(top_k_top_p_filter(logits, None, torch.tensor([0.5]))) == [1, 0, 0, 0]
+    assert kept(top_k_top_p_filter(logits, None, torch.tensor([0.7]))) == [1, 1, 0, 0]
+    assert kept(top_k_top_p_filter(logits, None, torch.tensor([0.01]))) == [1, 0, 0, 0]
+    sampler = Sampler(torch.device("cpu"), vocab_size=4)
+    args = sampler.prepare(batch_of([SamplingParams(temperature=1.0, top_k=2)] * 64))
+    draws = set(sampler.sample(logits.expand(64, -1), args).tolist())
+    assert draws <= {0, 1} and len(draws) == 2
+
+
+def test_sampling_follows_the_distribution_and_is_seeded():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(4000, -1)
+    params = batch_of([SamplingParams(temperature=1.0)] * 4000)
+    a, b = Sampler(torch.device("cpu"), 3, seed=1), Sampler(torch.device("cpu"), 3, seed=1)
+    tokens = a.sample(logits, a.prepare(params))
+    assert torch.equal(tokens, b.sample(logits, b.prepare(params)))
+    freq = torch.bincount(tokens, minlength=3).float() / 4000
+    torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
+
+
+def test_cpu_streams_and_events_are_no_ops():
+    cpu = torch.device("cpu")
+    stream, event = create_stream(cpu), create_event(cpu)
+    assert isinstance(stream, NullStream) and isinstance(event, NullEvent)
+    with stream_ctx(stream):
+        event.record(stream)
+        event.synchronize()
+    assert event.query() and not pin(cpu)

@@ -1,0 +1,206 @@
+"""Chapter 7: the scheduler and the offline LLM, end to end against Hugging Face."""
+
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.env import ENV
+from minisgl.kvcache import create_prefix_cache  # noqa: F401  (registry import check)
+from minisgl.llm import LLM
+from minisgl.message import UserMsg
+from minisgl.scheduler.cache import CacheManager
+from minisgl.scheduler.decode import DecodeManager
+from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
+from minisgl.scheduler.table import TableManager
+
+from conftest import hf_greedy, hf_model
+
+PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
+           "1 + 1 =", "Once upon a time,"]
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+def build_llm(path, overlap=False, **kwargs):
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    options = dict(dtype=torch.float32, device="cpu", attention_backend="torch", max_running_req=8,
+                   num_page_override=1024, max_seq_len_override=512, cache_type="naive")
+    options.update(kwargs)
+    return LLM(str(path), **options)
+
+
+def trace(llm):
+    """Record (phase, [uid, ...]) of every batch the scheduler runs."""
+    steps, original = [], llm._forward
+
+    def traced(forward_input):
+        steps.append((forward_input.batch.phase, [r.uid for r in forward_input.batch.reqs]))
+        return original(forward_input)
+
+    llm._forward = traced
+    return steps
+
+
+@pytest.mark.parametrize("which", ["smollm2", "qwen3", "qwen2"])
+def test_outputs_equal_hf_greedy(which, request):
+    path = request.getfixturevalue(f"{which}_path")
+    llm = build_llm(path)
+    out = llm.generate(PROMPTS, greedy(8))
+    assert [o["token_ids"] for o in out] == hf_greedy(path, PROMPTS, 8)
+    llm.shutdown()
+
+
+def test_requests_with_different_lengths_leave_and_join(smollm2_path):
+    """Short requests leave the batch first while the rest carry on; a later generate's
+    requests join afterwards, and every table row and KV page comes back."""
+    llm = build_llm(smollm2_path)
+    steps = trace(llm)
+    lengths = [3, 12, 7, 1, 9]
+    out = llm.generate(PROMPTS, [greedy(n) for n in lengths])
+    ref = hf_greedy(smollm2_path, PROMPTS, 12)
+    assert [o["token_ids"] for o in out] == [r[:n] for r, n in zip(ref, lengths)]
+    assert steps[0] == ("prefill", [0, 1, 2, 3, 4])
+    decode_sizes = [len(uids) for phase, uids in steps[1:]]
+    assert decode_sizes == sorted(decode_sizes, reverse=True) and decode_sizes[-1] == 1
+    assert 3 not in steps[1][1]  # max_tokens=1: done at prefill, never decodes
+    assert llm.table_manager.available_size == 8
+    assert llm.cache_manager.num_free_pages == llm.engine.num_pages
+
+    second = llm.generate(PROMPTS[:2], greedy(4))
+    assert [o["token_ids"] for o in second] == [r[:4] for r in ref[:2]]
+    assert steps[-4] == ("prefill", [5, 6])  # uids keep counting
+    assert llm.table_manager.available_size == 8
+    llm.cache_manager.check_integrity()
+    llm.shutdown()
+
+
+def test_table_rows_limit_the_batch(qwen3_path):
+    llm = build_llm(qwen3_path, max_running_req=2)
+    steps = trace(llm)
+    out = llm.generate(PROMPTS[:3], greedy(3))
+    assert [o["token_ids"] for o in out] == hf_greedy(qwen3_path, PROMPTS[:3], 3)
+    assert steps[0] == ("prefill", [0, 1])  # the third waits for a free row
+    assert ("prefill", [2]) in steps
+    llm.shutdown()
+
+
+def test_chunked_prefill_gives_the_same_tokens(qwen3_path):
+    llm = build_llm(qwen3_path, max_extend_tokens=3)
+    steps = trace(llm)
+    out = llm.generate(PROMPTS[:2], greedy(5))
+    assert [o["token_ids"] for o in out] == hf_greedy(qwen3_path, PROMPTS[:2], 5)
+    assert steps[0] == ("prefill", [0])  # 3 of its 5 prompt tokens: a chunk
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("cache_type,overlap,page_size", [("radix", False, 1), ("radix", True, 4), ("naive", True, 16)])
+def test_cache_and_overlap_settings_do_not_change_outputs(qwen2_path, cache_type, overlap, page_size):
+    llm = build_llm(qwen2_path, overlap=overlap, cache_type=cache_type, page_size=page_size)
+    prompts = PROMPTS + [PROMPTS[0] + " a city"]  # shares a prefix with prompt 0
+    for _ in range(2):  # the second round hits the radix cache
+        out = llm.generate(prompts, greedy(6))
+        assert [o["token_ids"] for o in out] == hf_greedy(qwen2_path, prompts, 6)
+    assert llm.table_manager.available_size == 8
+    llm.cache_manager.check_integrity()
+    llm.shutdown()
+
+
+def test_eos_ends_a_request_and_is_not_returned(smollm2_path):
+    llm = build_llm(smollm2_path)
+    tok = llm.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
+                                   tokenize=False)
+    out = llm.generate([chat], SamplingParams(max_tokens=40))[0]["token_ids"]
+    ids = torch.tensor([tok.encode(chat)])
+    with torch.inference_mode():  # plain generate: EOS may end it (hf_greedy forbids that)
+        ref = hf_model(smollm2_path).generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert ref[-1] == llm.eos_token_id and len(ref) < 40  # the model does answer and stop
+    assert out == ref[:-1]
+    llm.shutdown()
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(qwen3_path):
+    llm = build_llm(qwen3_path)
+    hot = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
+    first = llm.generate(PROMPTS[:2], hot)
+    llm.shutdown()
+    llm = build_llm(qwen3_path)
+    assert llm.generate(PROMPTS[:2], hot) == first
+    top1 = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=1, max_tokens=6, ignore_eos=True))
+    assert [o["token_ids"] for o in top1] == hf_greedy(qwen3_path, PROMPTS[:2], 6)
+    llm.shutdown()
+
+
+def test_too_long_prompt_raises_naming_the_request_and_limit(qwen3_path):
+    llm = build_llm(qwen3_path, max_seq_len_override=16)
+    with pytest.raises(ValueError, match=r"prompt 1 has 20 tokens.*limit is 16"):
+        llm.generate([[1, 2, 3], list(range(20))], greedy(2))
+    # nothing was admitted, and the engine still works
+    assert llm.generate([[1, 2, 3]], greedy(2))[0]["token_ids"] == hf_greedy(qwen3_path, [[1, 2, 3]], 2)[0]
+    llm.shutdown()
+
+
+def test_max_tokens_is_cut_to_the_context(qwen3_path):
+    llm = build_llm(qwen3_path, max_seq_len_override=16)
+    out = llm.generate([list(range(10, 20))], greedy(100))[0]["token_ids"]
+    assert len(out) == 6
+    llm.shutdown()
+
+
+def test_missing_model_says_how_to_get_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python tools/models.py smollm2"):
+        LLM(str(tmp_path / "no-model"), dtype=torch.float32, device="cpu")
+
+
+# ---- the managers on their own, no model -------------------------------------------------
+
+def managers(num_pages=64, rows=4, page_size=1):
+    page_table = torch.zeros((rows + 1, 128), dtype=torch.int32)
+    table = TableManager(rows, page_table)
+    cache = CacheManager(num_pages, page_size, page_table, "naive")
+    decode = DecodeManager(page_size)
+    return PrefillManager(cache, table, decode), cache, table, decode
+
+
+def user(uid, prompt_len, max_tokens):
+    return UserMsg(uid, torch.arange(1, prompt_len + 1, dtype=torch.int32), SamplingParams(max_tokens=max_tokens))
+
+
+def test_admission_is_first_come_first_served():
+    prefill, *_ = managers(num_pages=64)
+    for msg in [user(0, 10, 10), user(1, 50, 50), user(2, 3, 3)]:
+        prefill.add_one_req(msg)
+    batch = prefill.schedule_next_batch(prefill_budget=1000)
+    # uid1 needs 100 KV tokens but only 44 are left: it waits, and uid2 may not jump it
+    assert [r.uid for r in batch.reqs] == [0]
+    assert [p.uid for p in prefill.pending_list] == [1, 2]
+
+
+def test_admission_keeps_room_for_decoding_requests():
+    prefill, cache, table, decode = managers(num_pages=64)
+    prefill.add_one_req(user(0, 10, 20))
+    first = prefill.schedule_next_batch(1000).reqs[0]
+    decode.filter_reqs([first])  # it is decoding now and may still grow by 20 tokens
+    prefill.add_one_req(user(1, 30, 20))
+    # uid1 needs 30 + 20 = 50 of the 64 slots left, but uid0 may still grow by 20
+    assert prefill.schedule_next_batch(1000) is None
+
+
+def test_a_long_prompt_is_chunked_and_resumes_first():
+    prefill, *_ = managers(num_pages=64)
+    prefill.add_one_req(user(0, 10, 2))
+    prefill.add_one_req(user(1, 4, 2))
+    batch = prefill.schedule_next_batch(prefill_budget=6)
+    assert isinstance(batch.reqs[0], ChunkedReq) and batch.reqs[0].extend_len == 6
+    assert len(batch.reqs) == 1  # the budget is spent
+    assert prefill.pending_list[0].uid == 0 and prefill.pending_list[0].chunked_req is batch.reqs[0]
+
+
+def test_decode_batches_are_sorted_by_uid():
+    prefill, cache, table, decode = managers()
+    for uid in [3, 1, 2]:
+        prefill.add_one_req(user(uid, 2, 5))
+    decode.filter_reqs(prefill.schedule_next_batch(100).reqs)
+    assert [r.uid for r in decode.schedule_next_batch().reqs] == [1, 2, 3]
