@@ -1,0 +1,71 @@
+"""Reference implementations, in plain torch, of the few kernels the model needs.
+
+They run everywhere and are written to round exactly as Hugging Face ``transformers``
+does, so CPU float32 runs match it token for token. On CUDA, chapter 17 swaps in
+FlashInfer's fused kernels and chapter 19 custom ones; these stay the reference that
+those are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x) * weight`` over the last dim, computed in float32.
+
+    ``x: [..., N]``, ``weight: [N]``; returns ``x``'s shape and dtype.
+    """
+    raise NotImplementedError("Exercise 121: implement rms_norm")
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Add the residual stream, then normalise: returns ``(rms_norm(x + r), x + r)``."""
+    raise NotImplementedError("Exercise 121: implement fused_add_rms_norm")
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: ``x: [T, 2I]`` holding ``[gate | up]`` -> ``silu(gate) * up``, ``[T, I]``."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    raise NotImplementedError("Exercise 121: implement _rotate_half")
+
+
+def apply_rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q: [T, H_q, D]`` and ``k: [T, H_kv, D]`` by their positions (neox layout).
+
+    ``positions: [T]`` int; ``cos_sin_cache: [max_position, D]`` float32 holding
+    ``[cos | sin]`` of each frequency. Returns new tensors in the inputs' dtype.
+    """
+    raise NotImplementedError("Exercise 121: implement apply_rotary")
+
+
+def store_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """Scatter this step's K/V into the pool: ``k_cache[indices[i]] = k[i]``.
+
+    ``k_cache, v_cache: [num_slots, H_kv, D]`` (a layer's pool, viewed per token);
+    ``indices: [T]`` slot of each token (``out_loc``); ``k, v: [T, H_kv, D]``.
+    """
+    k_cache[indices] = k
+    v_cache[indices] = v
+
+
+def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weight: [V, hidden]`` for ``ids: [T]`` -> ``[T, hidden]``."""
+    return F.embedding(ids, weight)

@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""The practice judge: `python practice/judge.py 191` judges your exercise 191.
+
+Commands: list, start ID, [test] ID [--file PATH] [--device cpu|cuda], doctor,
+solution ID, check [IDS]. See practice/README.md; the code is in practice/judgelib/.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from judgelib.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

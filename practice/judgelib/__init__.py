@@ -1,0 +1,1 @@
+"""The practice judge (see practice/judge.py)."""

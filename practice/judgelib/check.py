@@ -1,0 +1,107 @@
+"""`judge.py check`: the maintainer's proof that every exercise is sound.
+
+For each exercise: starter and engine module have the same public signatures and
+docstrings; the starter raises ``NotImplementedError("Exercise <id>: ...")``; the engine's
+own module is Accepted; the untouched starter is not; and every known wrong answer in
+``broken/`` is not Accepted and fails first on the case it names. A wrong answer is
+``broken/<name>.json``: ``{"about": ..., "expect": "<test name>", "replace": [[old, new], ...]}``
+applied to the current engine module (so it follows the engine as it changes; a replacement
+that no longer matches is reported), or a whole ``broken/<name>.py`` with a
+``# judge-expect: <test name>`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import List
+
+from . import problems as P
+from .judging import Options, cannot_judge, judge_file
+from .signatures import drift
+
+
+def _expected_case(path: Path) -> str | None:
+    m = re.search(r"^# judge-expect:\s*(\S+)", path.read_text(encoding="utf-8"), flags=re.M)
+    return m.group(1) if m else None
+
+
+def make_broken(engine_source: str, spec_path: Path, out_dir: Path) -> tuple[Path, str | None]:
+    """Write the wrong answer described by ``spec_path``; return (file, expected case)."""
+    if spec_path.suffix == ".py":
+        return spec_path, _expected_case(spec_path)
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    source = engine_source
+    for old, new in spec["replace"]:
+        if source.count(old) != 1:
+            raise ValueError(f"{spec_path.name}: {old!r} occurs {source.count(old)} times in the engine module")
+        source = source.replace(old, new)
+    out = out_dir / f"{spec_path.stem}.py"
+    out.write_text(source, encoding="utf-8")
+    return out, spec.get("expect")
+
+
+def check_one(root: Path, p: P.Problem, opts: Options) -> List[str]:
+    """Problems found (empty when sound); prints progress."""
+    errors: List[str] = []
+    engine = root / p.module
+    problems, notes = drift(p.starter, engine)
+    errors += [f"drift: {x}" for x in problems]
+    for note in notes:
+        print(f"    note (private, not failing): {note}")
+    starter_text = p.starter.read_text(encoding="utf-8")
+    if f'NotImplementedError("Exercise {p.id}' not in starter_text:
+        errors.append(f'starter never raises NotImplementedError("Exercise {p.id}: ...")')
+    if not p.own_tests:
+        errors.append("no test_*.py in the exercise directory")
+    runs = [("engine", engine, True, None), ("starter", p.starter, False, None)]
+    tmp = Path(tempfile.mkdtemp(prefix=f"minisgl-check-{p.id}-"))
+    try:
+        for spec in sorted((p.dir / "broken").glob("*.*")):
+            if spec.suffix in (".py", ".json"):
+                try:
+                    file, expect = make_broken(engine.read_text(encoding="utf-8"), spec, tmp)
+                    runs.append((f"broken/{spec.name}", file, False, expect))
+                except ValueError as e:
+                    errors.append(f"stale wrong answer: {e}")
+        for label, file, should_pass, expect in runs:
+            v = judge_file(root, p, file, opts)
+            shown = f"{v.name} {v.passed}/{v.total}" + (f" at {v.case.split('::')[-1]}" if v.case else "")
+            print(f"    {label:<36} {shown}")
+            if should_pass and not v.accepted:
+                detail = "\n".join("      " + ln for ln in v.detail.splitlines()[:25])
+                errors.append(f"{label} is not accepted: {v.name}\n{detail}")
+            if not should_pass and v.accepted:
+                errors.append(f"{label} is accepted but must fail")
+            if expect and v.case and expect not in v.case:
+                errors.append(f"{label} should fail first at {expect}, failed first at {v.case}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return errors
+
+
+def check(root: Path, ids: List[int], opts: Options) -> int:
+    t0 = time.perf_counter()
+    all_problems = P.load_all(root / "practice" / "exercises")
+    chosen = [p for p in all_problems if not ids or p.id in ids]
+    failed, skipped = [], []
+    for p in chosen:
+        print(f"{p.id} {p.title}")
+        why = cannot_judge(root, p, opts.device)
+        if why:
+            print(f"    skipped: {why}")
+            skipped.append(p.id)
+            continue
+        errors = check_one(root, p, opts)
+        for e in errors:
+            print(f"  ✗ {e}")
+        print(f"  {'✓ sound' if not errors else '✗ NOT SOUND'}")
+        if errors:
+            failed.append(p.id)
+    print(f"\nchecked {len(chosen) - len(skipped)}, failed {len(failed)} {failed or ''}"
+          f"{f', skipped {skipped}' if skipped else ''} in {time.perf_counter() - t0:.1f} s")
+    return 1 if failed else 0

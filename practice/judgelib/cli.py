@@ -1,0 +1,170 @@
+"""Command line of practice/judge.py: list, start, test (the default), doctor, solution, check."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+from . import problems as P
+from .judging import Options, cannot_judge, judge_file, read_status, rel, write_status
+from .signatures import locate
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="judge.py", description="Judge your implementation of an engine component.",
+                                epilog="`judge.py 191` is short for `judge.py test 191`.")
+    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)")
+    sub = p.add_subparsers(dest="cmd")
+    sub.add_parser("list", help="exercises and your progress")
+    s = sub.add_parser("start", help="copy the starter into practice/workspace/ and show the statement")
+    s.add_argument("id", type=int)
+    s.add_argument("--force", action="store_true", help="overwrite your workspace file")
+    t = sub.add_parser("test", help="judge your file (the default command)")
+    t.add_argument("id", type=int)
+    t.add_argument("--file", type=Path, help="judge this file instead of practice/workspace/<id>_<slug>.py")
+    c = sub.add_parser("check", help="maintainers: engine passes, starter fails, signatures match")
+    c.add_argument("ids", type=int, nargs="*")
+    for q in (t, c):
+        q.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+        q.add_argument("--time-limit", type=float, help="seconds per case (default: from problem.md)")
+        q.add_argument("--keep", action="store_true", help="keep the sandbox directory")
+        q.add_argument("--quick", action="store_true", help="only the exercise's own tests (no chapter tests)")
+    sub.add_parser("doctor", help="what this machine can judge")
+    so = sub.add_parser("solution", help="where the reference implementation lives")
+    so.add_argument("id", type=int)
+    so.add_argument("--yes", action="store_true", help="skip the confirmation")
+    ms = sub.add_parser("make-starter", help="maintainers: regenerate starter.py from the engine module")
+    ms.add_argument("id", type=int)
+    return p
+
+
+def _problem(root: Path, pid: int) -> P.Problem:
+    try:
+        return P.find(root / "practice" / "exercises", pid)
+    except KeyError:
+        ids = ", ".join(str(p.id) for p in P.load_all(root / "practice" / "exercises"))
+        raise SystemExit(f"no exercise {pid}; exercises: {ids or 'none'}") from None
+
+
+def cmd_list(root: Path) -> int:
+    status = read_status(root)
+    rows = [(str(p.id), p.title, f"ch{p.chapter:02d}", p.difficulty, "GPU" if p.gpu else "CPU ok",
+             status.get(str(p.id), {}).get("status", "not started").replace("_", " "))
+            for p in P.load_all(root / "practice" / "exercises")]
+    head = ("id", "title", "chapter", "difficulty", "device", "status")
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    for r in [head] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def cmd_start(root: Path, pid: int, force: bool) -> int:
+    problem = _problem(root, pid)
+    dest = root / "practice" / "workspace" / problem.workspace_name
+    if dest.exists() and not force:
+        print(f"{rel(root, dest)} exists; keeping it (use --force to start over)")
+    else:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(problem.starter, dest)
+        print(f"wrote {rel(root, dest)}")
+        if read_status(root).get(str(pid), {}).get("status") != "accepted":
+            write_status(root, pid, "started")
+    print()
+    print(f"# {problem.id}. {problem.title}   (chapter {problem.chapter}, {problem.difficulty})\n")
+    print(problem.statement())
+    print(f"\nEdit {rel(root, dest)}, then run: python practice/judge.py {pid}")
+    print(f"Hints: {rel(root, problem.dir / 'problem.md')} (## Hints)")
+    return 0
+
+
+def cmd_test(root: Path, args) -> int:
+    problem = _problem(root, args.id)
+    file = args.file or root / "practice" / "workspace" / problem.workspace_name
+    if not file.is_file():
+        print(f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}")
+        return 2
+    why = cannot_judge(root, problem, args.device)
+    if why:
+        print(f"cannot judge {args.id} on this machine: {why}")
+        return 2
+    v = judge_file(root, problem, file, Options(args.device, args.time_limit, args.keep, quick=args.quick))
+    if args.file is None:
+        write_status(root, problem.id, "accepted" if v.accepted and not args.quick else "started", f"{v.passed}/{v.total}")
+    return 0 if v.accepted else 1
+
+
+def cmd_solution(root: Path, pid: int, yes: bool) -> int:
+    problem = _problem(root, pid)
+    if not yes:
+        try:
+            answer = input(f"Show where the reference for {pid} lives? This spoils the exercise. [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not shown")
+            return 1
+    path = root / problem.module
+    print(f"The reference is the engine itself: {problem.module}")
+    if path.is_file():
+        for sym, first, last in locate(path.read_text(encoding="utf-8"), problem.symbols):
+            print(f"  {sym:<40} {problem.module}:{first}-{last}")
+    print(f"Judge it to see it pass: python practice/judge.py {pid} --file {problem.module}")
+    return 0
+
+
+def cmd_make_starter(root: Path, pid: int) -> int:
+    from .starter import make_starter
+
+    problem = _problem(root, pid)
+    source = (root / problem.module).read_text(encoding="utf-8")
+    problem.starter.write_text(make_starter(source, pid, problem.symbols), encoding="utf-8")
+    print(f"wrote {rel(root, problem.starter)} from {problem.module} ({', '.join(problem.symbols)})")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        sys.stdout.reconfigure(errors="replace")  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    # `judge.py 191 ...` means `judge.py test 191 ...`
+    i = next((k for k, a in enumerate(argv) if not a.startswith("-") and not (k and argv[k - 1] == "--root")), None)
+    if i is not None and argv[i].isdigit():
+        argv.insert(i, "test")
+    args = _parser().parse_args(argv)
+    root = args.root.resolve()
+    try:
+        if args.cmd == "list":
+            return cmd_list(root)
+        if args.cmd == "start":
+            return cmd_start(root, args.id, args.force)
+        if args.cmd == "test":
+            return cmd_test(root, args)
+        if args.cmd == "solution":
+            return cmd_solution(root, args.id, args.yes)
+        if args.cmd == "make-starter":
+            return cmd_make_starter(root, args.id)
+        if args.cmd == "doctor":
+            from .doctor import doctor
+
+            return doctor(root)
+        if args.cmd == "check":
+            from .check import check
+
+            return check(root, args.ids, Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick))
+        _parser().print_help()
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted")
+        return 130
+    except Exception:  # noqa: BLE001 - a bug in the judge, not in the learner's code
+        print("judge error (a bug in the judge, not in your code):")
+        traceback.print_exc(file=sys.stdout)
+        return 3

@@ -1,0 +1,163 @@
+"""Judge one file for one exercise: compile, build the sandbox, run, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from . import runner, sandbox
+from .problems import Problem
+from .verdict import COMPILE, Verdict, case_line, short_name, compile_check, first_failure_block, judge, verdict_line
+
+
+@dataclass
+class Options:
+    device: Optional[str] = None  # None: CUDA when available (decided in the child)
+    time_limit: Optional[float] = None  # overrides problem.md's per-case limit
+    keep: bool = False  # keep the sandbox for debugging
+    quiet: bool = False  # no per-case lines (used by `check`)
+    quick: bool = False  # only the exercise's own tests, not the chapter tests
+
+
+def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
+    """(chapter tests to run, those listed in problem.md but absent from this checkout)."""
+    if opts.quick:
+        return [], []
+    present = [t for t in problem.tests if (root / t.split("::")[0]).is_file()]
+    return present, [t for t in problem.tests if t not in present]
+
+
+def rel(root: Path, path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optional[str]:
+    """Why this machine cannot judge the exercise, or None."""
+    missing = [r for r in problem.requires if not (root / r).exists()]
+    if missing:
+        return f"missing {', '.join(missing)} (see the README: make models)"
+    if not (root / problem.module).is_file():
+        return f"the engine module {problem.module} is not in this checkout"
+    if problem.gpu:
+        if device == "cpu" or (device is None and not cuda_available()):
+            return "this exercise needs a CUDA GPU"
+    return None
+
+
+def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
+    """How many cases the exercise has, collected with the engine's own module in place."""
+    device = opts.device
+    box, targets = sandbox.build(root, problem, root / problem.module, chapter_tests(root, problem, opts)[0])
+    try:
+        env = runner.child_env(box, device or "cpu", problem.module_name, box / "events.jsonl", root / "models")
+        import subprocess
+
+        subprocess.run(runner.pytest_command(box, targets, ["--collect-only"]), cwd=box, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+        for line in (box / "events.jsonl").read_text(encoding="utf-8").splitlines():
+            ev = json.loads(line)
+            if ev.get("ev") == "collected":
+                return len(ev["cases"])
+    except Exception:  # noqa: BLE001 - the count is a courtesy
+        return None
+    finally:
+        sandbox.remove(box)
+    return None
+
+
+def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
+    t0 = time.perf_counter()
+    say = (lambda *a: None) if opts.quiet else print  # noqa: E731
+    time_limit = opts.time_limit or problem.time_limit
+    shown = rel(root, file)
+    say(f"Judging {problem.id} · {problem.title}")
+    say(f"  file {shown} → {problem.module}")
+    error = compile_check(file, shown)
+    if error is not None:
+        v = Verdict(COMPILE, 0, count_cases(root, problem, opts), detail=error)
+        for line in first_failure_block(v):
+            say(line)
+        say(verdict_line(v, opts.device or "-"))
+        say(f"Judge time: {time.perf_counter() - t0:.1f} s")
+        return v
+    tests, missing = chapter_tests(root, problem, opts)
+    for t in missing:
+        say(f"  note: {t} is not in this checkout; judging without it")
+    box, targets = sandbox.build(root, problem, file, tests)
+    try:
+        env = runner.child_env(box, opts.device, problem.module_name, box / "events.jsonl", root / "models")
+        width = 60
+
+        def on_event(ev: dict) -> None:
+            nonlocal width
+            if ev.get("ev") == "collected" and ev["cases"]:
+                width = min(90, max(len(short_name(c)) for c in ev["cases"]))
+            elif ev.get("ev") == "session":
+                say(f"  device {ev['device']} ({ev.get('device_name', '')}), "
+                    f"limits {time_limit:g} s per case, {problem.total_time_limit:g} s in all")
+            elif ev.get("ev") == "result":
+                say(case_line(ev["case"], ev["outcome"], ev.get("duration", 0.0), width))
+
+        res = runner.run(box, targets, env, time_limit, problem.total_time_limit, on_event)
+        if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
+            raise RuntimeError(f"the tests imported {res.module_file}, not the sandbox copy; "
+                               "is minisgl installed somewhere that shadows PYTHONPATH?")
+        ref_total = count_cases(root, problem, opts) if res.collect_errors else None
+        v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
+        for prefix in {str(box), str(box.resolve())}:  # show paths as the learner knows them
+            v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(f"{prefix}/", "")
+        v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:")
+        for line in first_failure_block(v):
+            say(line)
+        device = f"{res.device} ({res.device_name})" if res.device_name else res.device
+        say(verdict_line(v, device))
+        if opts.keep:
+            say(f"  sandbox kept at {box}")
+        say(f"Judge time: {time.perf_counter() - t0:.1f} s")
+        return v
+    finally:
+        if not opts.keep:
+            sandbox.remove(box)
+
+
+# -- the learner's progress ---------------------------------------------------------------
+
+def status_path(root: Path) -> Path:
+    return root / "practice" / "workspace" / ".status.json"
+
+
+def read_status(root: Path) -> dict:
+    try:
+        return json.loads(status_path(root).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def write_status(root: Path, pid: int, state: str, cases: str = "") -> None:
+    path = status_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = read_status(root)
+    old = data.get(str(pid), {})
+    if old.get("status") == "accepted" and state != "accepted":
+        state = "accepted"  # once accepted, stays accepted
+    data[str(pid)] = {"status": state, "cases": cases or old.get("cases", ""),
+                      "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    tmp = path.with_name(f".status.{os.getpid()}.tmp")  # atomic; judges may run side by side
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,203 @@
+"""Run pytest in the sandbox as a child process and watch it.
+
+The child writes JSON events (see plugin.py); this side reads them as they come, and kills
+the child's whole process group when a case runs past its limit or the run past the total
+limit. Whatever the learner's code does (raise, hang, exit, flood the output), the result
+is a RunResult, never an exception in the judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .sandbox import PLUGIN_NAME
+
+MAX_FILE_BYTES = 256 * 1024 * 1024  # a learner printing without end hits this, not the disk
+POLL_S = 0.05
+COLLECT_LIMIT_S = 300.0  # importing the engine and the tests (torch, transformers) on a slow CPU
+
+
+@dataclass
+class Case:
+    nodeid: str
+    outcome: str = "not run"  # passed | failed | skipped | timeout | crashed | not run
+    duration: float = 0.0
+    failure: Optional[dict] = None
+
+
+@dataclass
+class RunResult:
+    cases: List[Case] = field(default_factory=list)
+    collect_errors: List[dict] = field(default_factory=list)
+    device: str = "?"
+    device_name: str = ""
+    module_file: Optional[str] = None
+    finished: bool = False  # the child reached the end of the session
+    returncode: Optional[int] = None
+    killed_for: Optional[str] = None  # "case", "setup" (a fixture), "collect" or "total"
+    log_tail: str = ""
+
+
+def _limit_child() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _tail(path: Path, limit: int = 3000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def child_env(box: Path, device: Optional[str], module_name: str, events: Path,
+              models_dir: Optional[Path] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        JUDGE_EVENTS=str(events),
+        JUDGE_MODULE=module_name,
+        PYTHONPATH=str(box),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(box / "tmp"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    env.pop("PYTEST_ADDOPTS", None)
+    if models_dir is not None:  # the tests build missing models into the repo's cache, not the sandbox
+        env.setdefault("MINISGL_MODELS_DIR", str(models_dir))
+    if device:
+        env["MINISGL_DEVICE"] = device
+    else:
+        env.pop("MINISGL_DEVICE", None)
+    return env
+
+
+def _uses_hypothesis(box: Path, targets: List[str]) -> bool:
+    files = [box / t.split("::")[0] for t in targets] + list(box.glob("**/conftest.py"))
+    for f in files:
+        try:
+            if "hypothesis" in f.read_text(encoding="utf-8", errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def pytest_command(box: Path, targets: List[str], extra: Optional[List[str]] = None) -> List[str]:
+    # hypothesis' pytest plugin costs seconds at startup; load it only for tests that use it
+    skip = [] if _uses_hypothesis(box, targets) else ["-p", "no:hypothesispytest"]
+    return [sys.executable, "-m", "pytest", "-p", PLUGIN_NAME, "-p", "no:cacheprovider", *skip,
+            "-q", "--no-header", "-rN", "--tb=short", *(extra or []), *targets]
+
+
+def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
+        total_limit: float, on_event=None, setup_limit: Optional[float] = None) -> RunResult:
+    """Run the targets; ``on_event(event)`` is called for each event as it arrives.
+
+    A case's body and teardown get ``time_limit`` seconds; its fixture setup (loading a
+    model, say) gets ``setup_limit`` (default: the total limit), since that is not the
+    learner's code running.
+    """
+    setup_limit = total_limit if setup_limit is None else setup_limit
+    events_path = Path(env["JUDGE_EVENTS"])
+    events_path.touch()
+    log = box / "pytest.log"
+    res = RunResult()
+    by_id: Dict[str, Case] = {}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(pytest_command(box, targets), cwd=box, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_limit_child)
+    t0 = time.monotonic()
+    running: Optional[Case] = None
+    case_t0 = phase_t0 = 0.0
+    limit = time_limit
+    collected = False
+    buf = ""
+    try:
+        with open(events_path, encoding="utf-8", errors="replace") as stream:
+            while True:
+                exited = proc.poll() is not None
+                buf += stream.read()
+                *lines, buf = buf.split("\n")
+                for line in lines:
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    kind = ev.get("ev")
+                    if kind == "session":
+                        res.device, res.device_name = ev["device"], ev.get("device_name", "")
+                    elif kind == "collect_error":
+                        res.collect_errors.append(ev)
+                    elif kind == "collected":
+                        collected = True
+                        res.cases = [Case(n) for n in ev["cases"]]
+                        by_id = {c.nodeid: c for c in res.cases}
+                        res.module_file = ev.get("module_file") or res.module_file
+                    elif kind == "start":
+                        running = by_id.setdefault(ev["case"], Case(ev["case"]))
+                        case_t0, limit = time.monotonic(), setup_limit
+                    elif kind == "phase":  # the body (and its teardown) gets the case limit
+                        phase_t0, limit = time.monotonic(), time_limit
+                    elif kind == "result":
+                        case = by_id.setdefault(ev["case"], Case(ev["case"]))
+                        case.outcome, case.duration = ev["outcome"], ev["duration"]
+                        case.failure = ev.get("failure")
+                        running = None
+                    elif kind == "done":
+                        res.finished = True
+                        res.module_file = ev.get("module_file") or res.module_file
+                    if on_event is not None:
+                        on_event(ev)
+                if exited:
+                    break
+                now = time.monotonic()
+                if running is not None and now - max(case_t0, phase_t0) > limit:
+                    res.killed_for = "case" if phase_t0 >= case_t0 else "setup"
+                elif now - t0 > total_limit:
+                    res.killed_for = "total"
+                elif not collected and now - t0 > COLLECT_LIMIT_S:  # a loop at import time
+                    res.killed_for = "collect"
+                if res.killed_for:
+                    _kill_group(proc)
+                    if running is not None:
+                        running.outcome, running.duration = "timeout", now - case_t0
+                        if on_event is not None:
+                            on_event({"ev": "result", "case": running.nodeid, "outcome": "timeout",
+                                      "duration": running.duration})
+                    break
+                time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+    res.returncode = proc.returncode
+    if running is not None and running.outcome == "not run":
+        running.outcome, running.duration = "crashed", time.monotonic() - case_t0
+        if on_event is not None:
+            on_event({"ev": "result", "case": running.nodeid, "outcome": "crashed",
+                      "duration": running.duration})
+    res.log_tail = _tail(log)
+    return res

@@ -1,0 +1,285 @@
+"""The practice judge, proven on a toy engine in a temporary repository.
+
+A toy module (``minisgl/toy.py``), a chapter test and exercise 901 are written to a temp
+dir; ``practice/judge.py --root TMP`` then judges learner files that are right, wrong,
+raising, hanging, exiting, flooding the output or not even Python, and every run must end
+in the right verdict, never a judge traceback, with the engine file untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JUDGE = REPO / "practice" / "judge.py"
+
+TOY = '''\
+"""A toy engine module."""
+
+
+def add(a: int, b: int) -> int:
+    """Return a + b."""
+    return a + b
+
+
+class Counter:
+    """Counts up."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    def bump(self, by: int = 1) -> int:
+        """Add ``by`` and return the new value."""
+        self.value += by
+        return self.value
+'''
+
+STARTER = TOY.replace("return a + b", 'raise NotImplementedError("Exercise 901: add two numbers")')
+
+PROBLEM = """\
+---
+id: 901
+title: "Toy: add"
+chapter: 0
+difficulty: easy
+module: minisgl/toy.py
+symbols: [add]
+tests: [tests/test_ch00_toy.py]
+gpu: false
+time_limit: 2
+total_time_limit: 30
+---
+Implement `add`.
+
+## Hints
+- `test_add_small`: one plus two is three.
+- Read the docstring.
+
+## What the tests check
+Sums.
+"""
+
+OWN_TESTS = """\
+from minisgl.toy import add
+
+
+def test_add_small():
+    assert add(1, 2) == 3, f"add(1, 2) should be 3, got {add(1, 2)}"
+
+
+def test_add_negative():
+    assert add(-5, 2) == -3
+"""
+
+CHAPTER_TESTS = """\
+from minisgl.toy import Counter, add
+
+
+def test_counter_counts():
+    c = Counter()
+    assert c.bump() == 1 and c.bump(2) == 3
+
+
+def test_add_large():
+    assert add(10**6, 10**6) == 2 * 10**6
+"""
+
+
+def body(expr: str) -> str:
+    """The toy module with the body of ``add`` replaced."""
+    return TOY.replace("    return a + b", textwrap.indent(textwrap.dedent(expr), "    "))
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "minisgl").mkdir(parents=True)
+    (root / "minisgl" / "__init__.py").write_text("")
+    (root / "minisgl" / "toy.py").write_text(TOY)
+    (root / "tests").mkdir()
+    (root / "tests" / "test_ch00_toy.py").write_text(CHAPTER_TESTS)
+    ex = root / "practice" / "exercises" / "901_toy_add"
+    ex.mkdir(parents=True)
+    (ex / "problem.md").write_text(PROBLEM)
+    (ex / "starter.py").write_text(STARTER)
+    (ex / "test_toy_add.py").write_text(OWN_TESTS)
+    return root
+
+
+def judge(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(JUDGE), "--root", str(root), *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def judge_source(root: Path, source: str, *args: str) -> subprocess.CompletedProcess:
+    learner = root / "learner.py"
+    learner.write_text(source)
+    before = hashlib.sha256((root / "minisgl" / "toy.py").read_bytes()).hexdigest()
+    out = judge(root, "901", "--file", str(learner), "--device", "cpu", *args)
+    assert hashlib.sha256((root / "minisgl" / "toy.py").read_bytes()).hexdigest() == before, "engine modified"
+    assert "Traceback" not in out.stdout.split("First failure")[0], out.stdout
+    assert "judge error" not in out.stdout, out.stdout
+    return out
+
+
+def test_correct_file_is_accepted(toy):
+    out = judge_source(toy, TOY)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Verdict: Accepted · 4 / 4 cases · device cpu" in out.stdout
+    assert "✓ test_ex901_toy_add.py::test_add_small" in out.stdout  # exercise tests run first
+    assert "✓ test_ch00_toy.py::test_counter_counts" in out.stdout  # then the chapter tests
+    assert "Judge time:" in out.stdout
+
+
+def test_wrong_answer_shows_the_values_and_the_keyed_hint(toy):
+    out = judge_source(toy, body("return a - b"))
+    assert out.returncode == 1
+    assert "Verdict: Wrong answer · 1 / 4 cases" in out.stdout  # only the counter passes
+    assert "First failure: test_ex901_toy_add.py::test_add_small" in out.stdout
+    assert "add(1, 2) should be 3, got -1" in out.stdout
+    assert "Hint: one plus two is three." in out.stdout
+
+
+def test_untouched_starter_is_a_runtime_error(toy):
+    out = judge_source(toy, STARTER)
+    assert "Verdict: Runtime error · 1 / 4 cases" in out.stdout
+    assert "NotImplementedError: Exercise 901: add two numbers" in out.stdout
+
+
+def test_infinite_loop_is_killed_at_the_case_limit(toy):
+    out = judge_source(toy, body("while True:\n    pass"))
+    assert out.returncode == 1
+    assert "⏱ test_ex901_toy_add.py::test_add_small" in out.stdout
+    assert "Verdict: Time limit exceeded · 0 / 4 cases" in out.stdout
+    assert "ran past the case limit of 2 s" in out.stdout
+
+
+def test_time_limit_option_overrides_the_problem(toy):
+    out = judge_source(toy, body("import time\ntime.sleep(1.5)\nreturn a + b"), "--time-limit", "1")
+    assert "Verdict: Time limit exceeded" in out.stdout and "limit of 1 s" in out.stdout
+
+
+def test_syntax_error_is_a_compile_error_with_line_and_caret(toy):
+    out = judge_source(toy, body("return a +* b"))
+    assert out.returncode == 1
+    assert "learner.py:6:" in out.stdout and "SyntaxError" in out.stdout
+    assert "return a +* b" in out.stdout and "^" in out.stdout
+    assert "Verdict: Compile error · 0 / 4 cases" in out.stdout
+
+
+def test_sys_exit_is_a_runtime_error(toy):
+    out = judge_source(toy, body("import sys\nsys.exit(3)"))
+    assert "Verdict: Runtime error · 1 / 4 cases" in out.stdout
+    assert "SystemExit" in out.stdout
+
+
+def test_os_exit_kills_the_process_and_is_reported(toy):
+    out = judge_source(toy, body("import os\nos._exit(0)"))
+    assert "Verdict: Runtime error · 0 / 4 cases" in out.stdout
+    assert "exited with code 0 while running test_ex901_toy_add.py::test_add_small" in out.stdout
+
+
+def test_error_at_import_time_is_a_runtime_error(toy):
+    out = judge_source(toy, TOY + "\nundefined_name + 1\n")
+    assert "Verdict: Runtime error · 0 / 4 cases" in out.stdout
+    assert "NameError" in out.stdout
+
+
+def test_megabytes_of_print_are_trimmed(toy):
+    out = judge_source(toy, body("print('x' * 5_000_000)\nreturn a - b"))
+    assert "Verdict: Wrong answer" in out.stdout
+    assert len(out.stdout) < 30_000  # the flood never reaches the learner's terminal
+
+
+def test_no_sandbox_is_left_behind(toy):
+    before = set(Path(tempfile.gettempdir()).glob("minisgl-judge-901-*"))
+    judge_source(toy, TOY)
+    assert set(Path(tempfile.gettempdir()).glob("minisgl-judge-901-*")) <= before
+
+
+def test_two_judges_side_by_side_do_not_interfere(toy):
+    (toy / "good.py").write_text(TOY)
+    (toy / "bad.py").write_text(body("return a - b"))
+    cmd = [sys.executable, str(JUDGE), "--root", str(toy), "901", "--device", "cpu", "--file"]
+    procs = [subprocess.Popen(cmd + [str(toy / f)], stdout=subprocess.PIPE, text=True) for f in ("good.py", "bad.py")]
+    good, bad = (p.communicate(timeout=60)[0] for p in procs)
+    assert "Verdict: Accepted" in good and "Verdict: Wrong answer" in bad
+
+
+def test_start_list_and_status(toy):
+    out = judge(toy, "start", "901")
+    assert "wrote practice/workspace/901_toy_add.py" in out.stdout and "Implement `add`." in out.stdout
+    assert "one plus two" not in out.stdout  # hints stay hidden
+    assert "started" in judge(toy, "list").stdout
+    (toy / "practice" / "workspace" / "901_toy_add.py").write_text(TOY)
+    assert "exists; keeping it" in judge(toy, "start", "901").stdout  # never overwrites
+    assert judge(toy, "901", "--device", "cpu").returncode == 0
+    assert "accepted" in judge(toy, "list").stdout
+    assert (toy / "minisgl" / "toy.py").read_text() == TOY
+
+
+def test_solution_asks_first(toy):
+    assert "not shown" in judge(toy, "solution", "901").stdout
+    out = judge(toy, "solution", "901", "--yes")
+    assert "minisgl/toy.py:4-6" in out.stdout
+
+
+def test_check_passes_on_a_sound_exercise_and_reports_drift(toy):
+    out = judge(toy, "check", "--device", "cpu")
+    assert out.returncode == 0 and "✓ sound" in out.stdout, out.stdout
+    ex = toy / "practice" / "exercises" / "901_toy_add"
+    (ex / "starter.py").write_text(STARTER.replace("by: int = 1", "by: int = 2"))
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert "Counter.bump: signature differs" in out.stdout and "by: int = 2" in out.stdout
+
+
+def test_check_fails_when_the_starter_passes(toy):
+    (toy / "practice" / "exercises" / "901_toy_add" / "starter.py").write_text(TOY)
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1 and "starter is accepted but must fail" in out.stdout
+
+
+def test_doctor_runs(toy):
+    out = judge(toy, "doctor", timeout=120)
+    assert out.returncode == 0 and "Python" in out.stdout and "901" in out.stdout
+
+
+def _real_problems():
+    sys.path.insert(0, str(REPO / "practice"))
+    from judgelib import problems
+
+    return problems.load_all(REPO / "practice" / "exercises")
+
+
+def test_real_exercises_are_complete_and_match_the_engine():
+    exercises = _real_problems()
+    from judgelib.signatures import drift
+
+    for p in exercises:
+        assert p.starter.is_file() and p.own_tests, p.dir
+        assert (REPO / p.module).is_file(), f"{p.id}: {p.module} missing"
+        problems, _ = drift(p.starter, REPO / p.module)
+        assert not problems, f"{p.id}: starter drifted from {p.module}:\n" + "\n".join(problems)
+        assert f'NotImplementedError("Exercise {p.id}' in p.starter.read_text()
+
+
+def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
+    """judge.py check 191 --quick: the engine is Accepted; the starter, and the versions that
+    admit past the KV limit, skip a request that does not fit, or forget the decode
+    reservation, each fail first on the test that names their mistake."""
+    out = subprocess.run([sys.executable, str(JUDGE), "check", "191", "--quick", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for line in ("engine ", "Accepted", "starter ", "Runtime error",
+                 "past_kv_limit.json", "at test_refuses_a_request_past_the_kv_limit",
+                 "skips_misfit.json", "at test_queue_stops_at_the_first_request_that_does_not_fit",
+                 "forgets_decode_reservation.json", "at test_queue_keeps_the_decode_reservation"):
+        assert line in out.stdout, out.stdout
