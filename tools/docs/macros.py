@@ -1,0 +1,363 @@
+"""The book's macros: code, trees, outputs and links that are pulled from the repository, never pasted.
+
+Prose writes `@@name args@@`; `expand()` replaces each one and collects an error for every
+macro it cannot resolve (the mkdocs hook turns those into a failed `mkdocs build --strict`).
+
+Block macros stand alone on their line (indentation is kept, so they work inside list items
+and admonitions):
+
+    @@code path:Symbol@@     the current source of a class, function, method (`Class.method`)
+                             or module-level name, found with `ast`, decorators included,
+                             titled `path · Symbol` and linked to its lines on GitHub
+    @@code path@@            the whole file (a chapter's main, say)
+    @@tree@@ / @@tree N@@    the chapter's file tree, from tools/steps.py `render_tree(N)`
+    @@output name@@          the captured stdout of examples/name.py (outputs/name.txt,
+                             written by tools/outputs.py)
+    @@exercises@@            the chapter's practice problems and their judge commands
+    @@chapters@@             the table of all chapters (docs pages)
+    @@practice@@             the table of all practice problems (docs pages)
+
+Inline macros may sit anywhere in a line:
+
+    @@upstream path:Symbol@@ a permalink to upstream mini-sglang at the pinned commit,
+                             `path` relative to python/minisgl (docs/upstream_index.json)
+    @@notebook@@             a link to the chapter's notebook
+
+Macros inside fenced code blocks and inline code spans are left alone, so a page can show
+the syntax itself.
+"""
+
+from __future__ import annotations
+
+import json
+import importlib.util
+import posixpath
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .chapters import Chapter, all_exercises, find_exercise, load_chapters
+from .symbols import SymbolError, find_symbol
+
+MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
+BLOCK_MACROS = {"code", "tree", "output", "exercises", "chapters", "practice"}
+INLINE_MACROS = {"upstream", "notebook"}
+MAIN_CELLS = "<!--@@main-cells@@-->"  # notebook mode: where the chapter's main becomes code cells
+UPSTREAM_REPO = "https://github.com/sgl-project/mini-sglang"
+UPSTREAM_ROOT = "python/minisgl"
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class MacroError(Exception):
+    """A macro that cannot be resolved; the message says why."""
+
+
+@dataclass
+class Context:
+    """What a page's macros are resolved against.
+
+    `root` is the repository root; `page` the page's path in the docs tree (for relative
+    links and messages); `chapter` the chapter the page belongs to, if any; `mode` is
+    "site" (mkdocs-material markdown) or "notebook" (plain markdown for Jupyter).
+    """
+
+    root: Path
+    repo_url: str = ""
+    branch: str = "main"
+    page: str = ""
+    chapter: Optional[Chapter] = None
+    mode: str = "site"
+    upstream_index: Optional[Dict[str, Any]] = None
+    steps_module: Optional[ModuleType] = None
+
+    def where(self) -> str:
+        where = self.page or "<page>"
+        if self.chapter is not None:
+            where += f" (chapter {self.chapter.number})"
+        return where
+
+    def blob_url(self, path: str, lines: Optional[Tuple[int, int]] = None) -> str:
+        url = f"{self.repo_url.rstrip('/')}/blob/{self.branch}/{path}"
+        return url + (f"#L{lines[0]}-L{lines[1]}" if lines else "")
+
+    def link_to(self, site_path: str) -> str:
+        """A relative link from this page to another file of the docs tree."""
+        base = posixpath.dirname(self.page) or "."
+        return posixpath.relpath(site_path, base)
+
+
+@dataclass
+class Expansion:
+    text: str
+    errors: List[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _fenced(body: str, lang: str, title: str, mode: str) -> str:
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    if mode == "site":
+        return f'{fence}{lang} title="{title}"\n{body}\n{fence}'
+    return f"**{title}**\n\n{fence}{lang}\n{body}\n{fence}"
+
+
+def _continue(text: str, indent: str) -> str:
+    """Indent every line but the first (which takes the macro's place in its line)."""
+    first, *rest = text.split("\n")
+    return "\n".join([first] + [indent + line if line else line for line in rest])
+
+
+def _split_target(arg: str) -> Tuple[str, Optional[str]]:
+    path, sep, symbol = arg.strip().partition(":")
+    return path.strip(), (symbol.strip() or None) if sep else None
+
+
+def _chapter_arg(arg: str, ctx: Context, macro: str) -> Chapter:
+    if arg.strip():
+        digits = re.match(r"^(?:ch)?(\d+)", arg.strip())
+        if not digits:
+            raise MacroError(f"'{arg.strip()}' does not name a chapter (use 7 or ch07)")
+        n = int(digits.group(1))
+        for ch in load_chapters(ctx.root):
+            if ch.number == n:
+                return ch
+        raise MacroError(f"there is no chapter {n}")
+    if ctx.chapter is None:
+        raise MacroError(f"@@{macro}@@ outside a chapter page needs a chapter number (@@{macro} 7@@)")
+    return ctx.chapter
+
+
+def load_steps(root: Path) -> ModuleType:
+    """Import `root/tools/steps.py` (written alongside the book) by path.
+
+    Raises MacroError when it does not exist or does not provide `render_tree`.
+    """
+    path = root / "tools" / "steps.py"
+    if not path.is_file():
+        raise MacroError(f"{path.relative_to(root)} does not exist, so the tree cannot be drawn")
+    name = f"_book_steps_{abs(hash(str(path)))}_{path.stat().st_mtime_ns}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a broken steps.py must name itself, not crash the build
+        del sys.modules[name]
+        raise MacroError(f"importing tools/steps.py failed: {type(e).__name__}: {e}") from e
+    if not hasattr(module, "render_tree"):
+        raise MacroError("tools/steps.py has no render_tree(n, fmt='markdown')")
+    return module
+
+
+def load_upstream_index(root: Path) -> Dict[str, Any]:
+    path = root / "docs" / "upstream_index.json"
+    if not path.is_file():
+        raise MacroError("docs/upstream_index.json does not exist (run python tools/upstream_index.py)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- macros
+
+
+def macro_code(arg: str, ctx: Context) -> str:
+    path, symbol = _split_target(arg)
+    if not path:
+        raise MacroError("needs a path: @@code path:Symbol@@ or @@code path@@")
+    file = ctx.root / path
+    if not file.is_file():
+        raise MacroError(f"file {path} does not exist")
+    source = file.read_text(encoding="utf-8")
+    if symbol is None:
+        if ctx.mode == "notebook" and ctx.chapter is not None and ctx.chapter.main == path:
+            return MAIN_CELLS
+        lines = source.rstrip("\n").split("\n")
+        body, span, title = "\n".join(lines), None, path
+    else:
+        try:
+            found = find_symbol(source, symbol, filename=path)
+        except SyntaxError as e:
+            raise MacroError(f"{path} does not parse: {e}") from e
+        except SymbolError as e:
+            raise MacroError(str(e)) from e
+        body, span, title = found.text, (found.start, found.end), f"{path} · {symbol}"
+    lang = "python" if path.endswith(".py") else ""
+    where = f"{path}, lines {span[0]}–{span[1]}" if span else path
+    url = ctx.blob_url(path, span)
+    if ctx.mode == "site":
+        link = f"[:octicons-mark-github-16: {where}]({url}){{ .code-link }}"
+    else:
+        link = f"[{where}]({url})"
+    return _fenced(body, lang, title, ctx.mode) + "\n\n" + link
+
+
+def macro_output(arg: str, ctx: Context) -> str:
+    name = arg.strip().removesuffix(".py").removeprefix("examples/")
+    if not name:
+        raise MacroError("needs the example's name: @@output ch07_scheduler@@")
+    path = ctx.root / "outputs" / f"{name}.txt"
+    if not path.is_file():
+        raise MacroError(f"outputs/{name}.txt does not exist (run python tools/outputs.py {name})")
+    body = _ANSI.sub("", path.read_text(encoding="utf-8")).rstrip("\n") or "(it prints nothing)"
+    return _fenced(body, "text", f"python examples/{name}.py", ctx.mode)
+
+
+def macro_tree(arg: str, ctx: Context) -> str:
+    chapter = _chapter_arg(arg, ctx, "tree")
+    steps = ctx.steps_module or load_steps(ctx.root)
+    try:
+        tree = steps.render_tree(chapter.number, fmt="markdown")
+    except Exception as e:
+        raise MacroError(f"tools/steps.py render_tree({chapter.number}) failed: {type(e).__name__}: {e}") from e
+    return str(tree).rstrip("\n")
+
+
+def macro_upstream(arg: str, ctx: Context) -> str:
+    path, symbol = _split_target(arg)
+    path = path.removeprefix(UPSTREAM_ROOT + "/").removeprefix("minisgl/")
+    index = ctx.upstream_index if ctx.upstream_index is not None else load_upstream_index(ctx.root)
+    files = index.get("files", {})
+    if path not in files:
+        raise MacroError(f"upstream has no file {UPSTREAM_ROOT}/{path} at {index.get('commit', '?')[:12]}")
+    base = f"{index.get('repository', UPSTREAM_REPO)}/blob/{index['commit']}/{index.get('root', UPSTREAM_ROOT)}/{path}"
+    if symbol is None:
+        return f"[{path}]({base})"
+    if symbol not in files[path]:
+        raise MacroError(f"upstream {path} has no symbol '{symbol}' at {index['commit'][:12]}")
+    start, end = files[path][symbol]
+    return f"[{path} · {symbol}]({base}#L{start}-L{end}) (lines {start}–{end})"
+
+
+def macro_exercises(arg: str, ctx: Context) -> str:
+    chapter = _chapter_arg(arg, ctx, "exercises")
+    if not chapter.exercises:
+        return "This chapter has no practice problems yet."
+    items = []
+    for exercise_id in chapter.exercises:
+        try:
+            ex = find_exercise(ctx.root, exercise_id)
+        except LookupError as e:
+            raise MacroError(f"exercise {exercise_id} (listed in {chapter.key}/chapter.toml): {e}") from e
+        difficulty = f" ({ex.difficulty})" if ex.difficulty else ""
+        problem = ctx.blob_url(f"practice/exercises/{ex.folder.name}/problem.md")
+        items.append(f"- **{ex.id}. {ex.title}**{difficulty}: [the problem]({problem}), "
+                     f"then judge your answer with `{ex.judge_command}`")
+    return "\n".join(items)
+
+
+def macro_notebook(arg: str, ctx: Context) -> str:
+    chapter = _chapter_arg(arg, ctx, "notebook")
+    if ctx.mode == "notebook":
+        return f"(this notebook is chapter {chapter.number} of the book)"
+    return f"[:material-notebook-outline: this chapter as a notebook]({ctx.link_to(chapter.notebook_uri)})"
+
+
+def macro_chapters(arg: str, ctx: Context) -> str:
+    rows = ["| # | Chapter | Stage | Main | Practice |", "|---|---|---|---|---|"]
+    for ch in load_chapters(ctx.root):
+        title = f"[{ch.title}]({ctx.link_to(ch.page_uri)})" if ctx.mode == "site" else ch.title
+        main = f"`{ch.main}`" if ch.main else ""
+        practice = ", ".join(str(i) for i in ch.exercises)
+        stage = "" if ch.stage is None else str(ch.stage)
+        rows.append(f"| {ch.number} | {title} | {stage} | {main} | {practice} |")
+    return "\n".join(rows) if len(rows) > 2 else "No chapters yet."
+
+
+def macro_practice(arg: str, ctx: Context) -> str:
+    owner = {i: ch for ch in load_chapters(ctx.root) for i in ch.exercises}
+    rows = ["| Id | Problem | Difficulty | Chapter | Judge |", "|---|---|---|---|---|"]
+    for ex in all_exercises(ctx.root):
+        ch = owner.get(ex.id)
+        chapter = f"[{ch.number}]({ctx.link_to(ch.page_uri)})" if ch else ""
+        problem = f"[{ex.title}]({ctx.blob_url(f'practice/exercises/{ex.folder.name}/problem.md')})"
+        rows.append(f"| {ex.id} | {problem} | {ex.difficulty} | {chapter} | `{ex.judge_command}` |")
+    return "\n".join(rows) if len(rows) > 2 else "No practice problems yet."
+
+
+MACROS: Dict[str, Callable[[str, Context], str]] = {
+    "code": macro_code,
+    "output": macro_output,
+    "tree": macro_tree,
+    "upstream": macro_upstream,
+    "exercises": macro_exercises,
+    "notebook": macro_notebook,
+    "chapters": macro_chapters,
+    "practice": macro_practice,
+}
+
+
+# --------------------------------------------------------------------------- expansion
+
+
+def _failure(message: str, mode: str, block: bool) -> str:
+    if mode == "site" and block:
+        return f'!!! failure "Broken macro"\n    {message}'
+    return f"**Broken macro:** {message}"
+
+
+def _expand_line(line: str, ctx: Context, errors: List[str]) -> str:
+    # inline code spans are shown literally: cut them out, expand the rest, put them back
+    spans: List[str] = []
+
+    def hide(m: re.Match) -> str:
+        spans.append(m.group(0))
+        return f"\x00{len(spans) - 1}\x00"
+
+    hidden = _CODE_SPAN.sub(hide, line)
+    if "@@" not in hidden:
+        return line
+
+    def replace(m: re.Match) -> str:
+        name, arg = m.group(1), m.group(2) or ""
+        source = m.group(0)
+        alone = hidden.strip() == source
+        try:
+            if name not in MACROS:
+                raise MacroError(f"unknown macro '{name}' (known: {', '.join(sorted(MACROS))})")
+            if name in BLOCK_MACROS and not alone:
+                raise MacroError("a block macro must stand alone on its line")
+            out = MACROS[name](arg, ctx)
+            if name in BLOCK_MACROS:
+                indent = hidden[: len(hidden) - len(hidden.lstrip())]
+                return _continue(out, indent)
+            return out
+        except MacroError as e:
+            message = f"{ctx.where()}: {source}: {e}"
+            errors.append(message)
+            indent = hidden[: len(hidden) - len(hidden.lstrip())]
+            return _continue(_failure(message, ctx.mode, name in BLOCK_MACROS and alone), indent)
+
+    expanded = MACRO.sub(replace, hidden)
+    return re.sub(r"\x00(\d+)\x00", lambda m: spans[int(m.group(1))], expanded)
+
+
+def expand(text: str, ctx: Context) -> Expansion:
+    """Resolve every macro of `text` outside code blocks; collect one message per broken macro.
+
+    Each message names the page, the chapter and the macro as written, e.g.
+    `chapters/ch07_scheduler.md (chapter 7): @@code minisgl/x.py:Foo@@: symbol 'Foo' ...`.
+    """
+    errors: List[str] = []
+    out: List[str] = []
+    fence: Optional[str] = None
+    for line in text.split("\n"):
+        m = _FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(1)
+            out.append(line)
+        elif fence is not None:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)):].strip():
+                fence = None
+            out.append(line)
+        else:
+            out.append(_expand_line(line, ctx, errors))
+    return Expansion("\n".join(out), errors)

@@ -1,0 +1,158 @@
+"""Capture what the examples print into outputs/<name>.txt, for the book's `@@output name@@`.
+
+    python tools/outputs.py                   # run every captured example, (re)write outputs/
+    python tools/outputs.py ch07_scheduler    # only this one
+    python tools/outputs.py --check           # rerun the deterministic ones; fail on stale files
+    python tools/outputs.py --list            # which examples are captured, and how they are checked
+
+Which examples: every chapter's `main` and `extra_mains` (chapters/chNN_<slug>/chapter.toml), and any
+examples/*.py with a line `# capture-output`. Each runs as `python examples/<name>.py` from
+the repository root (PYTHONPATH=., PYTHONHASHSEED=0); its stdout, and only its stdout, is
+the output. An example that exits non-zero is reported (exit 1) and its old output kept; a
+main that is not written yet is skipped with a note.
+
+Nondeterministic output is declared in the example itself, by a comment line:
+
+    # output: nondeterministic      the whole output varies (timings, throughput, sampling):
+                                    captured as usual, skipped by --check
+    # output: mask <regex>          the output is deterministic except what <regex> matches
+                                    (e.g. `# output: mask \\d+\\.\\d+ ms`); --check replaces
+                                    every match by `…` in both the old and the new output
+                                    before comparing. Several mask lines may be given.
+
+`--check` prints a unified diff per stale file and exits 1 listing them; a missing output
+counts as stale. Outputs depend on the machine they were captured on (CPU here, float32):
+capture them on the machine the book's prose describes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.docs.chapters import load_chapters  # noqa: E402
+
+CAPTURE = re.compile(r"^#\s*capture-output\s*$", re.M)
+NONDETERMINISTIC = re.compile(r"^#\s*output:\s*nondeterministic\s*$", re.M)
+MASK = re.compile(r"^#\s*output:\s*mask\s+(.+?)\s*$", re.M)
+
+
+@dataclass
+class Example:
+    """A captured example: `name` is `ch07_scheduler` for examples/ch07_scheduler.py."""
+
+    name: str
+    path: Path
+    deterministic: bool = True
+    masks: List[str] = field(default_factory=list)
+
+    def normalise(self, text: str) -> str:
+        for pattern in self.masks:
+            text = re.sub(pattern, "…", text)
+        return text
+
+
+def discover(root: Path) -> List[Example]:
+    """Chapter mains plus `# capture-output` examples, sorted by name."""
+    paths = {(root / main).resolve() for ch in load_chapters(root) for main in ch.mains}
+    for p in sorted((root / "examples").glob("*.py")) if (root / "examples").is_dir() else []:
+        if CAPTURE.search(p.read_text(encoding="utf-8")):
+            paths.add(p.resolve())
+    examples = []
+    for p in sorted(paths):
+        text = p.read_text(encoding="utf-8") if p.is_file() else ""
+        examples.append(Example(p.stem, p, not NONDETERMINISTIC.search(text), MASK.findall(text)))
+    return examples
+
+
+def run(example: Example, root: Path, timeout: float) -> str:
+    """The example's stdout. Raises RuntimeError (with the stderr tail) if it fails or times out."""
+    if not example.path.is_file():
+        raise RuntimeError(f"{example.path.relative_to(root)} does not exist")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8")
+    try:
+        proc = subprocess.run([sys.executable, str(example.path.relative_to(root))], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"timed out after {timeout:.0f} s") from e
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().split("\n")[-15:])
+        raise RuntimeError(f"exited with {proc.returncode}:\n{tail}")
+    return proc.stdout
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="example names (ch07_scheduler); all when none")
+    parser.add_argument("--check", action="store_true", help="fail listing stale outputs, with diffs")
+    parser.add_argument("--list", action="store_true", help="list the captured examples")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per example")
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    examples = discover(root)
+    if args.names:
+        wanted = {n.removesuffix(".py").removeprefix("examples/") for n in args.names}
+        unknown = wanted - {e.name for e in examples}
+        if unknown:
+            parser.error(f"not a captured example: {', '.join(sorted(unknown))} "
+                         "(add it as a chapter main or mark it `# capture-output`)")
+        examples = [e for e in examples if e.name in wanted]
+    if args.list:
+        for e in examples:
+            how = "nondeterministic: not checked" if not e.deterministic else \
+                f"checked, masking {e.masks}" if e.masks else "checked"
+            how = how if e.path.is_file() else "not written yet"
+            print(f"{e.name:<28} {how}")
+        return 0
+    out_dir = root / "outputs"
+    out_dir.mkdir(exist_ok=True)
+    failed: List[str] = []
+    stale: List[str] = []
+    for e in examples:
+        target = out_dir / f"{e.name}.txt"
+        if not e.path.is_file():
+            print(f"skip  {e.name} (examples/{e.name}.py is not written yet)")
+            continue
+        if args.check and not e.deterministic:
+            print(f"skip  {e.name} (nondeterministic)")
+            continue
+        try:
+            text = run(e, root, args.timeout)
+        except RuntimeError as err:
+            print(f"FAIL  {e.name}: {err}", file=sys.stderr)
+            failed.append(e.name)
+            continue
+        if args.check:
+            old = target.read_text(encoding="utf-8") if target.is_file() else ""
+            if e.normalise(old) != e.normalise(text):
+                stale.append(f"outputs/{e.name}.txt")
+                diff = difflib.unified_diff(old.splitlines(), text.splitlines(), f"outputs/{e.name}.txt",
+                                            f"python examples/{e.name}.py", lineterm="")
+                print("\n".join(diff))
+            else:
+                print(f"ok    {e.name}")
+        else:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote outputs/{e.name}.txt ({len(text.splitlines())} lines)")
+    if stale:
+        print(f"stale: {', '.join(stale)} (rerun python tools/outputs.py)", file=sys.stderr)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if stale or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
