@@ -8,14 +8,14 @@ from minisgl.engine import Engine, EngineConfig, Sampler
 from minisgl.engine.sample import BatchSamplingArgs, top_k_top_p_filter
 from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
 
-from conftest import hf_encode, hf_greedy
+from conftest import DEVICE, hf_encode, hf_greedy
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 ="]
 
 
 @pytest.fixture(scope="module")
 def engine(qwen3_path):
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=4,
+    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device=DEVICE, max_running_req=4,
                               num_page_override=128, max_seq_len_override=64))
     yield eng
     eng.shutdown()
@@ -33,9 +33,9 @@ def run_by_hand(engine, prompts_ids, steps):
             n = r.extend_len
             engine.page_table[r.table_idx, r.cached_len:r.device_len] = torch.arange(next_slot, next_slot + n)
             next_slot += n
-        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(engine.device)
         batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
-        batch.input_ids = feed
+        batch.input_ids = feed.to(engine.device)
         engine.attn_backend.prepare_metadata(batch)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
         out.copy_done_event.synchronize()
@@ -56,7 +56,8 @@ def test_forward_batch_advances_every_request(engine):
     req = Req(torch.tensor([5, 6, 7], dtype=torch.int32), 0, 0, 2, 0, SamplingParams(), None)
     batch = Batch([req], "prefill")
     engine.page_table[0, :3] = torch.tensor([100, 101, 102])
-    batch.positions, batch.out_loc, batch.input_ids = torch.arange(3), engine.page_table[0, :3], req.input_ids
+    batch.positions, batch.out_loc = torch.arange(3, device=engine.device), engine.page_table[0, :3]
+    batch.input_ids = req.input_ids.to(engine.device)
     engine.attn_backend.prepare_metadata(batch)
     with torch.inference_mode():
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
@@ -65,7 +66,7 @@ def test_forward_batch_advances_every_request(engine):
 
 
 def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", page_size=4,
+    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device=DEVICE, page_size=4,
                               kv_memory_cap=2 * 1024**2, max_running_req=2))
     mc = eng.config.model_config
     per_page = 2 * mc.num_layers * 4 * mc.num_kv_heads * mc.head_dim * 4
@@ -77,7 +78,7 @@ def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
 
 def test_too_small_a_pool_is_refused(qwen3_path):
     with pytest.raises(ValueError, match="not enough memory for the KV cache"):
-        Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", kv_memory_cap=1))
+        Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device=DEVICE, kv_memory_cap=1))
 
 
 def batch_of(params):

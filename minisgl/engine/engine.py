@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.attention import create_attention_backend
+from minisgl.attention import ATTENTION_BACKENDS, create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.distributed import set_tp_info
 from minisgl.kvcache import create_kvcache_pool
@@ -95,7 +95,7 @@ class Engine:
         name = self.config.attention_backend
         if name != "auto":
             return name
-        if is_cuda(self.device):
+        if is_cuda(self.device) and "fi" in ATTENTION_BACKENDS:
             try:
                 import flashinfer  # noqa: F401
 

@@ -73,7 +73,7 @@ class LLM(Scheduler):
             status = self.status_map[msg.uid]
             if msg.error is not None:
                 status.error = msg.error
-            elif status.ignore_eos or not (msg.finished and msg.next_token == self.eos_token_id):
+            elif status.ignore_eos or not (msg.finished and msg.next_token in self.eos_token_ids):
                 status.output_ids.append(msg.next_token)
 
     def generate(

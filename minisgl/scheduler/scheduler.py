@@ -24,7 +24,7 @@ from minisgl.message import (
     ExitMsg,
     UserMsg,
 )
-from minisgl.utils import init_logger, load_tokenizer
+from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
 from minisgl.utils.device import create_stream, pin, set_stream, stream_ctx, synchronize
 
 from .cache import CacheManager
@@ -79,7 +79,7 @@ class Scheduler(ABC):
         self._defer_slot_free = False
         self._deferred_slots: List[int] = []
         self.tokenizer = load_tokenizer(config.model_path)
-        self.eos_token_id = self.tokenizer.eos_token_id
+        self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
 
@@ -194,7 +194,7 @@ class Scheduler(ABC):
                 # count what the CPU has received: under overlap device_len has moved on
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
-                    finished |= token == self.eos_token_id
+                    finished |= token in self.eos_token_ids
                 reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
                 if finished:
                     self.decode_manager.remove_req(req)

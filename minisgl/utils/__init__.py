@@ -1,6 +1,6 @@
 """Utilities shared by every part of the engine (no engine logic lives here)."""
 
-from .hf import cached_load_hf_config, check_model_path, load_tokenizer
+from .hf import cached_load_hf_config, check_model_path, load_eos_token_ids, load_tokenizer
 from .logger import init_logger
 from .misc import align_up, div_ceil, div_even
 from .registry import Registry
@@ -14,6 +14,7 @@ __all__ = [
     "div_ceil",
     "div_even",
     "init_logger",
+    "load_eos_token_ids",
     "load_tokenizer",
     "torch_dtype",
 ]
