@@ -51,8 +51,8 @@ def step(phase: str, input_ids: torch.Tensor) -> torch.Tensor:
     args_ = engine.sampler.prepare(batch)
     out = engine.forward_batch(batch, args_)
     out.copy_done_event.synchronize()
-    print(f"  {phase:<7} fed {len(batch.input_ids):>2} tokens at positions "
-          f"{batch.positions.tolist() if phase == 'decode' else '[0..]'} -> {out.next_tokens_cpu.tolist()}")
+    print(f"  {phase:<7} fed {len(batch.input_ids):>2} tokens at positions {batch.positions.tolist()} "
+          f"-> {out.next_tokens_cpu.tolist()}")
     return out.next_tokens_cpu
 
 
@@ -73,16 +73,17 @@ for text, gen in zip(prompts, generated):
     print(f"{text!r:<28} -> {tok.decode(gen)!r:<40} matches HF: {gen == ref}")
 
 # sampling: the same logits, four policies
-reqs = [Req(torch.tensor(tok.encode(prompts[0]), dtype=torch.int32), 0, 0, 1, 0, sp, None)  # type: ignore[arg-type]
-        for sp in [SamplingParams(max_tokens=1)]]
+open_prompt = "My favourite food is"
+reqs = [Req(torch.tensor(tok.encode(open_prompt), dtype=torch.int32), 0, 0, 1, 0, SamplingParams(), None)]  # type: ignore[arg-type]
 batch = Batch(reqs, "prefill")
 batch.positions = torch.arange(reqs[0].device_len, device=engine.device)
-batch.out_loc = torch.arange(200, 200 + reqs[0].device_len, device=engine.device, dtype=torch.int32)
+engine.page_table[0, : reqs[0].device_len] = torch.arange(200, 200 + reqs[0].device_len)  # fresh slots
+batch.out_loc = engine.page_table[0, : reqs[0].device_len]
 batch.input_ids = reqs[0].input_ids.to(engine.device)
 engine.attn_backend.prepare_metadata(batch)
 with torch.inference_mode(), get_global_ctx().forward_batch(batch):
     logits = engine.model.forward()
-print(f"top-5 after {prompts[0]!r}: " + ", ".join(
+print(f"top-5 after {open_prompt!r}: " + ", ".join(
     f"{tok.decode([i])!r} {p:.2f}" for p, i in zip(*logits[0].softmax(-1).topk(5))))
 for sp in [SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=3),
            SamplingParams(temperature=1.0, top_p=0.5)]:
