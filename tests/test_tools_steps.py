@@ -1,0 +1,279 @@
+"""tools/steps.py on a small fake book: manifests, the tree, the static checks, the check run.
+
+Nothing here touches the real engine; each test writes its own repository under tmp_path.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import steps  # noqa: E402
+
+FAKE = {
+    0: ("intro", dict(main="examples/ch00_intro.py", new=[])),
+    1: ("core", dict(main="examples/ch01_core.py",
+                     new=["minisgl/__init__.py", "minisgl/core.py"])),
+    2: ("layers", dict(main="examples/ch02_layers.py",
+                       new=["minisgl/layers/__init__.py", "minisgl/layers/linear.py",
+                            "minisgl/utils/__init__.py"],
+                       early={"minisgl/dist/info.py": 4})),
+    3: ("engine", dict(main="examples/ch03_engine.py",
+                       new=["minisgl/engine/__init__.py", "minisgl/engine/engine.py",
+                            "minisgl/env.py"],
+                       modified=["minisgl/core.py"],
+                       early={"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6})),
+}
+
+
+def write_manifest(root: Path, n: int, slug: str, main: str, new: list[str],
+                   modified: list[str] = (), early: dict[str, int] | None = None,
+                   extra: str = "") -> None:
+    d = root / "chapters" / f"ch{n:02d}_{slug}"
+    d.mkdir(parents=True, exist_ok=True)
+    early_lines = "".join(f'"{p}" = {c}\n' for p, c in (early or {}).items())
+    (d / "chapter.toml").write_text(textwrap.dedent(f"""\
+        title = "Chapter {n}"
+        stage = 1
+        main = "{main}"
+        tests = ["tests/test_ch{n:02d}_{slug}.py"]
+        new = {list(new)!r}
+        modified = {list(modified)!r}
+        exercises = []
+        {extra}
+        [early]
+        """).replace("'", '"') + early_lines)
+
+
+def make_repo(root: Path, chapters: dict = FAKE, create_files: bool = True) -> Path:
+    for n, (slug, spec) in chapters.items():
+        write_manifest(root, n, slug, **spec)
+        if create_files:
+            for p in [*spec.get("new", []), *spec.get("early", {}), spec["main"],
+                      f"tests/test_ch{n:02d}_{slug}.py"]:
+                (root / p).parent.mkdir(parents=True, exist_ok=True)
+                (root / p).touch()
+    return root
+
+
+def test_manifests_load_with_number_slug_and_path(tmp_path):
+    ms = steps.load_manifests(make_repo(tmp_path))
+    assert [(m.number, m.slug) for m in ms] == [(0, "intro"), (1, "core"), (2, "layers"),
+                                                  (3, "engine")]
+    m = ms[3]
+    assert m.early == {"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6}
+    assert m.modified == ["minisgl/core.py"]
+    assert m.tests == ["tests/test_ch03_engine.py"]
+    assert m.path == tmp_path / "chapters" / "ch03_engine"
+
+
+def test_files_so_far_gives_each_file_its_status_at_that_chapter(tmp_path):
+    ms = steps.load_manifests(make_repo(tmp_path))
+    assert steps.files_so_far(0, ms) == {}
+    at2 = steps.files_so_far(2, ms)
+    assert at2["minisgl/core.py"] == "unchanged"
+    assert at2["minisgl/layers/linear.py"] == "new"
+    assert at2["minisgl/dist/info.py"] == "early"
+    at3 = steps.files_so_far(3, ms)
+    assert at3["minisgl/core.py"] == "modified"
+    assert at3["minisgl/dist/info.py"] == "unchanged"  # early in 2: nothing new at 3
+    assert len(at3) == 11
+
+
+def test_tree_header_counts_and_drawing_match_the_seed_format(tmp_path):
+    ms = steps.load_manifests(make_repo(tmp_path))
+    assert steps.render_tree(3, manifests=ms) == textwrap.dedent("""\
+        Files so far: 11 (3 new, 1 modified, 2 brought in early)
+
+        minisgl/
+        ├── __init__.py
+        ├── core.py  ← modified in this chapter
+        ├── env.py  ← new in this chapter
+        ├── dist/  (1 file, unchanged)
+        ├── engine/
+        │   ├── __init__.py  ← new in this chapter
+        │   ├── engine.py  ← new in this chapter
+        ├── layers/  (2 files, unchanged)
+        ├── sched/
+        │   ├── cache.py  ← brought in early (explained in chapter 5)
+        │   ├── io.py  ← brought in early (explained in chapter 6)
+        ├── utils/  (1 file, unchanged)""")
+
+
+def test_tree_of_a_chapter_without_engine_files_and_markdown_fence(tmp_path):
+    ms = steps.load_manifests(make_repo(tmp_path))
+    assert steps.render_tree(0, manifests=ms).startswith(
+        "Files so far: 0 (0 new, 0 modified, 0 brought in early)\n\nminisgl/  (no files yet)")
+    md = steps.render_tree(1, "markdown", manifests=ms)
+    assert md.startswith("```text\nFiles so far: 2 (2 new, 0 modified, 0 brought in early)")
+    assert md.endswith("├── core.py  ← new in this chapter\n```")
+    with pytest.raises(ValueError):
+        steps.render_tree(1, "html", manifests=ms)
+
+
+def test_nested_folders_collapse_only_when_nothing_inside_changed(tmp_path):
+    chapters = {1: ("a", dict(main="examples/ch01_a.py",
+                              new=["minisgl/k/__init__.py", "minisgl/k/t/x.py"])),
+                2: ("b", dict(main="examples/ch02_b.py", new=["minisgl/k/t/y.py"]))}
+    ms = steps.load_manifests(make_repo(tmp_path, chapters))
+    assert steps.render_tree(2, manifests=ms).splitlines()[2:] == [
+        "minisgl/",
+        "├── k/",
+        "│   ├── __init__.py",
+        "│   ├── t/",
+        "│   │   ├── x.py",
+        "│   │   ├── y.py  ← new in this chapter",
+    ]
+
+
+def test_the_fake_book_passes_the_static_checks(tmp_path):
+    root = make_repo(tmp_path)
+    assert steps.static_problems(steps.load_manifests(root), root) == []
+
+
+def test_a_file_introduced_twice_is_reported(tmp_path):
+    chapters = dict(FAKE)
+    chapters[4] = ("sched", dict(main="examples/ch04_sched.py",
+                                 new=["minisgl/sched/cache.py", "minisgl/layers/linear.py"]))
+    root = make_repo(tmp_path, chapters)
+    problems = steps.static_problems(steps.load_manifests(root), root)
+    assert problems == [
+        "minisgl/sched/cache.py is introduced twice: chapter 3 (early) and chapter 4 (new)",
+        "minisgl/layers/linear.py is introduced twice: chapter 2 (new) and chapter 4 (new)",
+    ]
+
+
+def test_missing_unlisted_and_misordered_files_are_reported(tmp_path):
+    chapters = dict(FAKE)
+    chapters[4] = ("late", dict(main="examples/ch04_late.py", new=["minisgl/late.py"],
+                                modified=["minisgl/never.py", "minisgl/late.py"],
+                                early={"minisgl/soon.py": 4}))
+    root = make_repo(tmp_path, chapters)
+    (root / "minisgl/late.py").unlink()
+    (root / "minisgl/stray.py").touch()
+    (root / "examples/stray_demo.py").touch()
+    (root / "minisgl/__pycache__").mkdir()
+    (root / "minisgl/__pycache__/core.cpython-311.pyc").touch()
+    problems = steps.static_problems(steps.load_manifests(root), root)
+    assert problems == [
+        "chapter 4: minisgl/soon.py is brought in early but explained in chapter 4, "
+        "which is not later",
+        "chapter 4: minisgl/never.py is modified but never introduced",
+        "chapter 4: minisgl/late.py is modified but only introduced in chapter 4",
+        "chapter 4: minisgl/late.py is listed in ch04_late/chapter.toml but does not exist",
+        "chapter 4: minisgl/never.py is listed in ch04_late/chapter.toml but does not exist",
+        "minisgl/stray.py is in the engine but no chapter introduces it",
+        "examples/stray_demo.py is in no chapter manifest, so check never runs it",
+    ]
+    allowed = steps.static_problems(steps.load_manifests(root), root, allow_unlisted=True)
+    assert "minisgl/stray.py is in the engine but no chapter introduces it" not in allowed
+
+
+def test_a_bad_manifest_names_its_file(tmp_path):
+    d = tmp_path / "chapters" / "ch01_x"
+    d.mkdir(parents=True)
+    (d / "chapter.toml").write_text('title = "x"\nstage = 1\n')
+    with pytest.raises(ValueError, match="ch01_x/chapter.toml: missing key 'main'"):
+        steps.load_manifests(tmp_path)
+
+
+def test_diagnose_names_the_chapter_that_introduces_a_missing_module(tmp_path):
+    ms = steps.load_manifests(make_repo(tmp_path))
+    out = "Traceback...\nModuleNotFoundError: No module named 'minisgl.engine'\n"
+    assert steps.diagnose(out, 1, ms, tmp_path) == [
+        "chapter 1 reaches forward: minisgl.engine is imported but not introduced until "
+        "chapter 3 (minisgl/engine/__init__.py)"]
+    # a namespace package whose __init__.py comes later
+    out = "ImportError: cannot import name 'Engine' from 'minisgl.engine' (unknown location)"
+    assert "not introduced until chapter 3 (minisgl/engine/__init__.py)" in \
+        steps.diagnose(out, 2, ms, tmp_path)[0]
+    out = "ModuleNotFoundError: No module named 'flashinfer'"
+    assert "third-party module 'flashinfer'" in steps.diagnose(out, 2, ms, tmp_path)[0]
+    out = f"FileNotFoundError: [Errno 2] No such file or directory: '{tmp_path}/s/minisgl/env.py'"
+    assert steps.diagnose(out, 2, ms, tmp_path, step=tmp_path / "s") == [
+        "chapter 2 reaches forward: minisgl/env.py is opened but not introduced until "
+        "chapter 3 (minisgl/env.py)"]
+    assert steps.diagnose("AssertionError: 1 != 2", 2, ms, tmp_path) == []
+
+
+def test_check_runs_each_step_on_its_own_files_and_catches_a_forward_reach(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # the inner pytest starts faster
+    root = make_repo(tmp_path)
+    (root / "minisgl/core.py").write_text("VALUE = 42\n")
+    (root / "examples/ch01_core.py").write_text(
+        "import minisgl, minisgl.core\nprint(minisgl.core.VALUE, minisgl.__file__)\n")
+    (root / "tests/test_ch01_core.py").write_text(
+        "import os\nimport minisgl.core\n\n"
+        "def test_value():\n    assert minisgl.core.VALUE == 42\n"
+        "    assert not os.path.exists('minisgl/engine')\n")
+    # in chapter 2, an engine module reaches for chapter 3's env, the main for its engine
+    (root / "minisgl/layers/linear.py").write_text("import minisgl.env\n")
+    (root / "examples/ch02_layers.py").write_text("import minisgl.engine.engine\n")
+    ms = steps.load_manifests(root)
+
+    ok = steps.check_chapter(1, ms, root, timeout=120)
+    assert ok.ok, ok.problems
+    assert ok.ran == ["imports", "examples/ch01_core.py", "tests"]
+    assert "imported 2 of 2 engine modules" in ok.log
+    assert f"42 {root}/build/steps/01/minisgl/__init__.py" in ok.log
+
+    bad = steps.check_chapter(2, ms, root, timeout=120)
+    assert not bad.ok
+    assert bad.problems[:2] == [
+        "chapter 2 reaches forward: minisgl.env is imported but not introduced until "
+        "chapter 3 (minisgl/env.py)",
+        "chapter 2 reaches forward: minisgl.engine is imported but not introduced until "
+        "chapter 3 (minisgl/engine/__init__.py)"]
+    assert (root / "build/steps/02/minisgl/layers/linear.py").exists()
+    assert not (root / "build/steps/02/minisgl/engine").exists()
+
+
+LEAKY_FINDER = """
+import sys
+from importlib.machinery import PathFinder
+
+class EditableLike:  # what an editable install appends to sys.meta_path
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname.startswith("minisgl."):
+            return PathFinder.find_spec(fullname, [{engine!r}])
+
+sys.meta_path.append(EditableLike)
+import minisgl.core
+try:
+    import minisgl.engine
+    print("leaked", minisgl.engine.__file__)
+except ModuleNotFoundError as e:
+    print("blocked", e)
+"""
+
+
+def test_an_installed_minisgl_cannot_fill_in_a_later_chapters_module(tmp_path):
+    import subprocess
+
+    root = make_repo(tmp_path)
+    step, missing = steps.build_step(1, steps.load_manifests(root), root)
+    assert missing == []
+    code = LEAKY_FINDER.format(engine=str(root / "minisgl"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=step, env=steps._env(step),
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "blocked No module named 'minisgl.engine'", out.stderr
+
+
+def test_command_line_tree_list_and_static_check(tmp_path, capsys):
+    root = make_repo(tmp_path)
+    assert steps.main(["--root", str(root), "tree", "2"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "Files so far: 6 (3 new, 0 modified, 1 brought in early)\n")
+    assert steps.main(["--root", str(root), "list"]) == 0
+    assert "03  engine" in capsys.readouterr().out
+    assert steps.main(["--root", str(root), "check", "--static-only"]) == 0
+    (root / "minisgl/stray.py").touch()
+    assert steps.main(["--root", str(root), "check", "--static-only"]) == 1
+    assert "minisgl/stray.py is in the engine but no chapter introduces it" in \
+        capsys.readouterr().out
+    assert steps.main(["--root", str(root), "check", "--static-only", "--allow-unlisted"]) == 0

@@ -1,0 +1,454 @@
+"""Rebuild the book's source tree chapter by chapter, and prove each step runs on its own.
+
+    python tools/steps.py list              # the chapters and what each introduces
+    python tools/steps.py tree 7            # "Files so far: ..." and the minisgl/ tree
+    python tools/steps.py tree 7 --format markdown
+    python tools/steps.py check             # every chapter (plus the static checks)
+    python tools/steps.py check 5 6 --jobs 2
+    python tools/steps.py check --static-only
+
+``check N`` copies the files of chapters 0..N, plus the infrastructure every chapter may use
+(INFRASTRUCTURE below; ``models/`` is linked, not copied), into ``build/steps/NN/``, then
+imports every engine module so far, and runs the chapter's main(s) and tests there with
+``PYTHONPATH`` set to that folder (the log is kept in ``build/steps/NN/check.log``). A
+``sitecustomize.py`` written into the folder makes ``import minisgl`` resolve only to the
+copy: an installed (even editable) minisgl cannot fill in a module the chapter has not
+introduced yet. When a step fails for that reason, the failure names the file and the
+chapter that introduces it ("chapter 5 reaches forward: ..."). Mains listed in a manifest's
+``final_mains`` preview the finished engine and run against the full repository instead.
+
+Importable API (used by the docs hook): load_manifests, files_so_far, render_tree,
+static_problems, Manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+
+
+def _load_sibling(name: str) -> ModuleType:
+    """Import tools/<name>.py by path, leaving sys.path alone (the docs hook imports this
+    file by path too, and tools/ on sys.path would shadow names like `docs`)."""
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    key = f"_book_tools_{name}_{path.stat().st_mtime_ns}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # dataclasses look their module up while it executes
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+if __package__:  # imported as tools.steps
+    from . import manifest as _manifest
+else:  # run as a script, or imported by path
+    _manifest = _load_sibling("manifest")
+
+ENGINE, ROOT, Manifest = _manifest.ENGINE, _manifest.ROOT, _manifest.Manifest
+files_so_far, get_manifest = _manifest.files_so_far, _manifest.get_manifest
+introduced_in, load_manifests = _manifest.introduced_in, _manifest.load_manifests
+render_tree, static_problems = _manifest.render_tree, _manifest.static_problems
+
+__all__ = ["Manifest", "load_manifests", "files_so_far", "render_tree", "static_problems",
+           "build_step", "check_chapter", "diagnose", "main"]
+
+# Present in every step tree whatever the chapter: copied if they exist (folders whole).
+INFRASTRUCTURE = ["pyproject.toml", "tests/conftest.py", "tools/"]
+# Linked into every step tree: large generated data.
+LINKED = ["models"]
+TAIL_LINES = 25  # lines of a failing command's output shown in the report
+
+GUARD = '''\
+# Written by tools/steps.py: this folder is one step of the book's tree. Make
+# `import minisgl` (and every minisgl submodule) come from this folder only, so a
+# module the chapter has not introduced yet fails to import even when another copy
+# of minisgl is installed (an editable install would otherwise fill it in).
+import importlib.machinery
+import sys
+
+_STEP = {step!r}
+
+
+class _StepOnlyFinder:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname != "minisgl" and not fullname.startswith("minisgl."):
+            return None
+        where = [_STEP] if fullname == "minisgl" else path
+        spec = importlib.machinery.PathFinder.find_spec(fullname, where)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {{fullname!r}}", name=fullname)
+        return spec
+
+
+sys.meta_path.insert(0, _StepOnlyFinder)
+'''
+
+
+# Imports every engine module of the step, so a forward reach shows even in a module that
+# the chapter's main and tests do not exercise.
+IMPORT_ALL = """
+import importlib, sys
+failed = 0
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        failed += 1
+        print(f"{name}: {type(e).__name__}: {e}")
+print(f"imported {len(sys.argv) - 1 - failed} of {len(sys.argv) - 1} engine modules")
+sys.exit(1 if failed else 0)
+"""
+
+
+def _engine_modules(files: dict[str, str], missing: list[str]) -> list[str]:
+    """Dotted names of the engine's Python files among ``files`` (minus the missing ones)."""
+    names = []
+    for path in files:
+        if path.startswith(ENGINE + "/") and path.endswith(".py") and path not in missing:
+            dotted = path[:-3].replace("/", ".")
+            names.append(dotted.removesuffix(".__init__"))
+    return names
+
+
+@dataclass
+class Outcome:
+    """The result of one step (a chapter's tree, or a final main on the full tree)."""
+
+    label: str
+    ok: bool = True
+    seconds: float = 0.0
+    ran: list[str] = field(default_factory=list)  # labels of the commands run
+    failed: list[str] = field(default_factory=list)  # labels of those that failed
+    problems: list[str] = field(default_factory=list)
+    log: str = ""
+    log_path: str = ""  # where the full output was saved, relative to the root
+
+
+# ------------------------------------------------------------------------ building steps
+
+
+def step_dir(n: int, root: Path) -> Path:
+    return root / "build" / "steps" / f"{n:02d}"
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+                        dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
+
+
+def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, list[str]]:
+    """Create ``build/steps/NN`` from chapters 0..n; return it and the files that were missing."""
+    dest = step_dir(n, root)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    wanted: dict[str, None] = {}
+    for m in manifests:
+        if m.number <= n:
+            wanted.update(dict.fromkeys(m.tree_files))
+    missing = []
+    for rel in wanted:
+        if (root / rel).exists():
+            _copy(root / rel, dest / rel)
+        else:
+            missing.append(rel)
+    for rel in INFRASTRUCTURE:
+        if (root / rel).exists():
+            _copy(root / rel, dest / rel.rstrip("/"))
+    for rel in LINKED:
+        if (root / rel).exists():
+            (dest / rel).symlink_to((root / rel).resolve(), target_is_directory=True)
+    (dest / "sitecustomize.py").write_text(GUARD.format(step=str(dest)))
+    return dest, missing
+
+
+# ---------------------------------------------------------------------------- diagnosis
+
+
+def diagnose(output: str, n: int, manifests: list[Manifest], root: Path | None = None,
+             step: Path | None = None) -> list[str]:
+    """Explain import and file errors in a failed command's output.
+
+    Returns one sentence per distinct missing module or file, e.g. "chapter 5 reaches
+    forward: minisgl.engine is imported but not introduced until chapter 6
+    (minisgl/engine/__init__.py)". Modules outside minisgl are reported as missing
+    third-party packages; an empty list means no import or file error was found.
+    """
+    root = root or ROOT
+    intro = introduced_in(manifests)
+    found: list[str] = []
+    for mod in re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", output):
+        if mod.split(".")[0] != ENGINE:
+            found.append(f"chapter {n}: third-party module '{mod}' is not installed "
+                         "(not a forward reach)")
+        else:
+            found.append(_explain(n, mod, _module_files(mod), intro, root, "is imported"))
+    for name, mod in re.findall(r"ImportError: cannot import name '(\w+)' from '([\w.]+)'",
+                                output):
+        if mod.split(".")[0] != ENGINE:
+            continue
+        # `from minisgl.x import y`: y may be a submodule the chapter lacks, or a name that
+        # x's __init__.py (missing while x is a namespace package) would define
+        sub = _module_files(f"{mod}.{name}")
+        if any(p in intro or (root / p).exists() for p in sub):
+            found.append(_explain(n, f"{mod}.{name}", sub, intro, root, "is imported"))
+        else:
+            found.append(_explain(n, mod, _module_files(mod), intro, root,
+                                  f"is imported (for {name})"))
+    pattern = r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']+)'"
+    for path in re.findall(pattern, output):
+        rel = path
+        if step is not None and path.startswith(str(step) + "/"):
+            rel = path[len(str(step)) + 1:]
+        found.append(_explain(n, rel, [rel], intro, root, "is opened"))
+    return list(dict.fromkeys(found))
+
+
+def _module_files(module: str) -> list[str]:
+    base = module.replace(".", "/")
+    return [f"{base}/__init__.py", f"{base}.py"]
+
+
+def _explain(n: int, name: str, candidates: list[str], intro: dict[str, int],
+             root: Path, what: str) -> str:
+    for path in candidates:
+        if path in intro:
+            c = intro[path]
+            if c > n:
+                return (f"chapter {n} reaches forward: {name} {what} but not introduced "
+                        f"until chapter {c} ({path})")
+            return (f"chapter {n}: {name} {what} and {path} is introduced in chapter {c}, "
+                    "yet this fails (a name missing from it?)")
+    for path in candidates:
+        if (root / path).exists():
+            return (f"chapter {n} reaches forward: {name} {what} but no chapter "
+                    f"introduces {path}")
+    return f"chapter {n}: {name} {what} but does not exist in the repository"
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def _env(pythonpath: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(pythonpath)  # replaces, never extends: only this tree counts
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd), capture_output=True, text=True,
+                              timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"") + (e.stderr or b"")
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return 124, out + f"\n[timed out after {timeout:.0f} s]"
+
+
+def _verify_import(cwd: Path, expect_engine: bool, timeout: float) -> tuple[str | None, str]:
+    """Check in a subprocess that ``import minisgl`` resolves inside ``cwd`` (or fails if
+    the step has no engine files yet). Returns a problem or None, and the output."""
+    code = "import minisgl; print(minisgl.__file__)"
+    rc, out = _run([sys.executable, "-c", code], cwd, timeout)
+    lines = out.strip().splitlines()
+    where = lines[-1] if lines else ""
+    if not expect_engine:
+        if rc == 0:
+            return f"import minisgl resolves to {where}, but this step has none", out
+        return None, out
+    if rc != 0:
+        return f"import minisgl fails in {cwd}: {where}", out
+    if not Path(where).resolve().is_relative_to(cwd.resolve()):
+        return f"import minisgl resolves to {where}, outside {cwd}", out
+    return None, out
+
+
+def _tail(text: str) -> str:
+    lines = text.rstrip().splitlines()
+    return "\n".join(lines[-TAIL_LINES:])
+
+
+def _run_commands(outcome: Outcome, commands: list[tuple[str, list[str]]], cwd: Path,
+                  n: int | None, manifests: list[Manifest], root: Path, timeout: float) -> None:
+    """Run each command in cwd; on failure explain it (forward reaches need a chapter n)."""
+    logs = []
+    for label, cmd in commands:
+        rc, out = _run(cmd, cwd, timeout)
+        shown = " ".join("<import each module>" if a == IMPORT_ALL else a for a in cmd)
+        logs.append(f"$ {shown}   (cwd {cwd}, exit {rc})\n{out}")
+        outcome.ran.append(label)
+        if rc != 0:
+            outcome.ok = False
+            outcome.failed.append(label)
+            reasons = diagnose(out, n, manifests, root, step=cwd) if n is not None else []
+            outcome.problems.extend(reasons or [f"{label} failed (exit {rc}):\n{_tail(out)}"])
+    outcome.log = "\n".join(logs)
+
+
+def check_chapter(n: int, manifests: list[Manifest], root: Path | None = None,
+                  timeout: float = 1800) -> Outcome:
+    """Build ``build/steps/NN`` and run chapter n's mains and tests in it."""
+    root = root or ROOT
+    start = time.monotonic()
+    m = get_manifest(n, manifests)
+    outcome = Outcome(label=f"{m.name}")
+    dest, missing = build_step(n, manifests, root)
+    own = [p for p in missing if p in m.listed]
+    if own:
+        outcome.ok = False
+        outcome.problems += [f"chapter {n}: {p} is listed but does not exist" for p in own]
+    if len(missing) > len(own):  # reported by their own chapter; fatal here only if needed
+        outcome.problems.append(f"note: {len(missing) - len(own)} file(s) of earlier "
+                                "chapters are missing: " + ", ".join(sorted(set(missing) - set(own))))
+    has_engine = any(p.startswith(ENGINE + "/") for p in files_so_far(n, manifests))
+    problem, out = _verify_import(dest, has_engine, timeout)
+    if problem:
+        outcome.ok = False
+        outcome.problems.append(f"chapter {n}: {problem}")
+        outcome.problems += diagnose(out, n, manifests, root, step=dest)
+    else:  # still run what is there: its failure may say more than "missing"
+        mains = [p for p in [m.main, *m.extra_mains]
+                 if p not in m.final_mains and p not in missing]
+        commands = [(p, [sys.executable, p]) for p in mains]
+        modules = _engine_modules(files_so_far(n, manifests), missing)
+        if modules:
+            commands.insert(0, ("imports", [sys.executable, "-c", IMPORT_ALL, *modules]))
+        tests = [p for p in m.tests if p not in missing]
+        if tests:
+            commands.append(("tests", [sys.executable, "-m", "pytest", "-q",
+                                       "-p", "no:cacheprovider", *tests]))
+        _run_commands(outcome, commands, dest, n, manifests, root, timeout)
+        (dest / "check.log").write_text(outcome.log)
+        outcome.log_path = (dest / "check.log").relative_to(root).as_posix()
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def check_final_main(path: str, n: int, manifests: list[Manifest], root: Path | None = None,
+                     timeout: float = 1800) -> Outcome:
+    """Run a main that previews the finished engine against the full repository."""
+    root = root or ROOT
+    start = time.monotonic()
+    outcome = Outcome(label=f"final {path}")
+    if not (root / path).is_file():
+        outcome.ok = False
+        outcome.problems.append(f"chapter {n}: final main {path} does not exist")
+    else:
+        problem, _ = _verify_import(root, True, timeout)
+        if problem:
+            outcome.ok = False
+            outcome.problems.append(problem)
+        else:
+            _run_commands(outcome, [(path, [sys.executable, path])], root, None, manifests,
+                          root, timeout)
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_list(manifests: list[Manifest]) -> int:
+    print(f"{'ch':<3} {'slug':<12} {'stage':<5} {'new':>3} {'mod':>3} {'early':>5} "
+          f"{'so far':>6}  title")
+    for m in manifests:
+        total = sum(1 for p in files_so_far(m.number, manifests) if p.startswith(ENGINE + "/"))
+        print(f"{m.number:02d}  {m.slug:<12} {m.stage:<5} {len(m.new):>3} {len(m.modified):>3} "
+              f"{len(m.early):>5} {total:>6}  {m.title}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -> int:
+    numbers = args.chapters or [m.number for m in manifests]
+    static = static_problems(manifests, root, allow_unlisted=args.allow_unlisted)
+    print(f"static checks: {len(static)} problem(s)")
+    for p in static:
+        print(f"  - {p}")
+    if args.static_only:
+        return 1 if static else 0
+    try:
+        chosen = [get_manifest(n, manifests) for n in numbers]
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+
+    jobs: list[tuple[str, object]] = [(m.name, lambda m=m: check_chapter(
+        m.number, manifests, root, args.timeout)) for m in chosen]
+    if not args.no_final:
+        finals = dict.fromkeys((p, m.number) for m in chosen for p in m.final_mains)
+        jobs += [(p, lambda p=p, n=n: check_final_main(p, n, manifests, root, args.timeout))
+                 for p, n in finals]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(fn) for _, fn in jobs]
+        outcomes: list[Outcome] = []
+        for fut in futures:
+            out = fut.result()
+            outcomes.append(out)
+            log = f", log {out.log_path}" if out.log_path and not out.ok else ""
+            print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})",
+                  flush=True)
+            for p in out.problems:
+                print("     " + p.replace("\n", "\n     "))
+
+    print("\nsummary")
+    print(f"  {'step':<40} {'result':<6} {'time':>8}  ran")
+    for out in outcomes:
+        print(f"  {out.label:<40} {'ok' if out.ok else 'FAIL':<6} {out.seconds:>7.1f}s  "
+              f"{', '.join(r + (' (FAIL)' if r in out.failed else '') for r in out.ran) or '-'}")
+    failed = [o for o in outcomes if not o.ok]
+    print(f"  {len(outcomes) - len(failed)}/{len(outcomes)} steps passed"
+          + (f", {len(static)} static problem(s)" if static else ""))
+    return 1 if failed or static else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python tools/steps.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the chapters and what each introduces")
+    tree = sub.add_parser("tree", help="the files so far at chapter N")
+    tree.add_argument("chapter", type=int)
+    tree.add_argument("--format", choices=["text", "markdown"], default="text")
+    check = sub.add_parser("check", help="rebuild chapters 0..N and run each one's main and tests")
+    check.add_argument("chapters", type=int, nargs="*", help="chapter numbers (default: all)")
+    check.add_argument("--jobs", "-j", type=int, default=1, help="steps run at once (default 1)")
+    check.add_argument("--timeout", type=float, default=1800, help="seconds per command")
+    check.add_argument("--static-only", action="store_true", help="only check the manifests")
+    check.add_argument("--allow-unlisted", action="store_true",
+                       help="do not fail on minisgl files that no chapter introduces yet")
+    check.add_argument("--no-final", action="store_true", help="skip the final_mains")
+    args = parser.parse_args(argv)
+
+    root = args.root.resolve()
+    manifests = load_manifests(root)
+    if args.command == "list":
+        return cmd_list(manifests)
+    if args.command == "tree":
+        print(render_tree(args.chapter, args.format, manifests))
+        return 0
+    return cmd_check(args, manifests, root)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
