@@ -48,7 +48,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
+        """Temperature 0 or top-k 1 leaves one candidate: the argmax (top-p cannot change that)."""
+        return self.temperature <= 0.0 or self.top_k == 1
 
 
 @dataclass(eq=False)

@@ -59,7 +59,8 @@ def test_greedy_detection():
     assert SamplingParams().is_greedy
     assert SamplingParams(temperature=0.7, top_k=1).is_greedy
     assert not SamplingParams(temperature=0.7).is_greedy
-    assert not SamplingParams(temperature=0.0, top_p=0.9).is_greedy
+    assert SamplingParams(temperature=0.0, top_p=0.9).is_greedy  # temperature 0 wins
+    assert not SamplingParams(temperature=0.5, top_p=0.9).is_greedy
 
 
 def test_batch_phase_and_size():

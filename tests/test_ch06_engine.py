@@ -93,6 +93,13 @@ def test_greedy_batches_skip_sampling():
     assert torch.equal(sampler.sample(logits, args), logits.argmax(-1))
 
 
+def test_temperature_zero_with_top_p_is_greedy_not_a_division_by_zero():
+    sampler = Sampler(torch.device("cpu"), vocab_size=10)
+    logits = torch.randn(2, 10)
+    args = sampler.prepare(batch_of([SamplingParams(temperature=0.0, top_p=0.5), SamplingParams(top_k=1, top_p=0.3)]))
+    assert torch.equal(sampler.sample(logits, args), logits.argmax(-1))
+
+
 def test_mixed_batch_keeps_greedy_rows_greedy():
     sampler = Sampler(torch.device("cpu"), vocab_size=50)
     logits = torch.randn(4, 50)
