@@ -107,7 +107,8 @@ def test_home_to_chapter_7_to_a_code_link_and_back(page, site_url: str):
     assert re.search(r"/blob/main/[\w/]+\.py(#L\d+-L\d+)?$", href), href
     target.click()
     page.wait_for_url(href)
-    assert page.locator("#url").inner_text() == href
+    # the stub page echoes the URL it was asked for; a #L10-L20 fragment never leaves the browser
+    assert page.locator("#url").inner_text() == href.split("#")[0]
     page.screenshot(path=str(SHOTS / "03_code_link.png"))
 
     page.go_back()
