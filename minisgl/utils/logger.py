@@ -29,13 +29,14 @@ class RankLogger(logging.LoggerAdapter):
 
 
 def init_logger(name: str) -> RankLogger:
-    """A logger for module ``name``; level from ``MINISGL_LOG_LEVEL`` (default WARNING)."""
+    """A logger for module ``name``; level from ``MINISGL_LOG_LEVEL`` (default INFO: start-up
+    facts such as the KV pool size are printed)."""
     root = logging.getLogger("minisgl")
     if not root.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s",
                                                datefmt="%H:%M:%S"))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("MINISGL_LOG_LEVEL", "WARNING").upper())
+        root.setLevel(os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper())
         root.propagate = False
     return RankLogger(logging.getLogger(name if name.startswith("minisgl") else f"minisgl.{name}"), {})
