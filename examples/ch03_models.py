@@ -6,6 +6,8 @@ backend (chapter 5): a ten-line stand-in attends over the prompt alone, which is
 single forward pass over one prompt needs.
 """
 
+# output: mask = \d\.\de-\d+;
+
 import argparse
 import os
 
