@@ -204,3 +204,27 @@ def test_decode_batches_are_sorted_by_uid():
         prefill.add_one_req(user(uid, 2, 5))
     decode.filter_reqs(prefill.schedule_next_batch(100).reqs)
     assert [r.uid for r in decode.schedule_next_batch().reqs] == [1, 2, 3]
+
+
+def test_two_identical_prompts_in_one_batch_read_the_cached_copy(qwen3_path):
+    """Regression: the second identical prompt of a batch frees its duplicate KV when it is
+    cached; its row must then point at the cache's copy, or it decodes from pages that the
+    third request is given."""
+    llm = build_llm(qwen3_path, cache_type="radix", max_running_req=4, num_page_override=64,
+                    max_seq_len_override=128, max_extend_tokens=40)
+    shared, other = list(range(100, 120)), list(range(300, 320))
+    out = llm.generate([shared, shared, other], [greedy(n) for n in (8, 8, 1)])
+    ref = hf_greedy(qwen3_path, [shared, other], 8)
+    assert [o["token_ids"] for o in out] == [ref[0], ref[0], ref[1][:1]]
+    llm.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_overlap_releases_a_held_back_row_when_nothing_is_in_flight(qwen3_path):
+    """Regression: with one table row and overlap on, the row of a finished request is held
+    back; it must come back once nothing is in flight, or the next request waits forever."""
+    llm = build_llm(qwen3_path, overlap=True, max_running_req=1)
+    out = llm.generate([[1, 2], [3, 4]], greedy(1))
+    assert [o["token_ids"] for o in out] == [r[:1] for r in hf_greedy(qwen3_path, [[1, 2], [3, 4]], 1)]
+    assert llm.table_manager.available_size == 1
+    llm.shutdown()

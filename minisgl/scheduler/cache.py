@@ -82,10 +82,11 @@ class CacheManager:
         the rest the request computed. Inserting tells us how much was already cached by
         the time we insert (another request may have inserted the same tokens meanwhile):
         our duplicate slots for that part are freed. A finished request also frees the
-        unaligned tail the cache cannot hold; a running one keeps it and re-locks the
-        longer prefix.
+        unaligned tail the cache cannot hold; a running one keeps it, re-locks the longer
+        prefix, and has its page-table row pointed at the cache's copy of the duplicates.
         """
-        slots = self.page_table[req.table_idx, : req.cached_len]
+        # a copy, not a view of the row: the row may be rewritten below before a lazy free runs
+        slots = self.page_table[req.table_idx, : req.cached_len].clone()
         old_handle = req.cache_handle
         already_cached, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], slots)
         self.unlock(old_handle)
@@ -93,6 +94,11 @@ class CacheManager:
         if finished:
             self._free(slots[new_handle.cached_len :])
         else:
+            if already_cached > old_handle.cached_len:
+                # our copy of those tokens was just freed and may soon belong to another
+                # request: the rest of this request's steps must read the cache's copy
+                cached = new_handle.get_matched_indices()[old_handle.cached_len : already_cached]
+                self.page_table[req.table_idx, old_handle.cached_len : already_cached] = cached
             req.cache_handle = new_handle
             self.lock(new_handle)
 

@@ -111,7 +111,8 @@ class Scheduler(ABC):
         while the device computes (chapter 11)."""
         self._defer_slot_free = True
         blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
-        if blocking:  # nothing in flight: rows held back for safety can be reused now
+        if last_data is None:  # nothing in flight: rows held back for safety can be reused now
+            # (not only when blocking: a request waiting for a row would otherwise wait forever)
             self._release_deferred_slots()
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
