@@ -42,7 +42,7 @@ class PrefillAdder:
 
     ``token_budget``: prompt tokens this step may still compute. ``reserved_size``: KV
     tokens already promised, starting with what the decoding requests may still need;
-    each admitted request adds its own remaining prompt and output.
+    each admitted request adds its own remaining prompt and output, plus ``P - 1``.
     """
 
     token_budget: int
@@ -86,7 +86,10 @@ class PrefillAdder:
         chunk_size = min(self.token_budget, remain_len)
         cls = ChunkedReq if chunk_size < remain_len else Req
         self.token_budget -= chunk_size
-        self.reserved_size += remain_len + pending_req.output_len
+        # plus up to one page of slack, as DecodeManager.inflight_tokens keeps for each
+        # decoding request: every request rounds up to whole pages, so several admitted in
+        # one step could otherwise need more pages than their token counts add up to
+        self.reserved_size += remain_len + pending_req.output_len + self.cache_manager.page_size - 1
         end = cached_len + chunk_size
         device = self.table_manager.token_pool.device
         ids = pending_req.input_ids[cached_len:end].to(torch.int32)
