@@ -1,6 +1,7 @@
 """Messages that reach the scheduler (the "backend") from the tokenizer (explained in ch. 12).
 
-Mirrors upstream ``minisgl.message.backend``.
+They cross a process boundary as msgpack (``minisgl.message.utils``); the offline ``LLM``
+hands them to the scheduler in memory. Mirrors upstream ``minisgl.message.backend``.
 """
 
 from __future__ import annotations
@@ -44,3 +45,12 @@ class BatchBackendMsg(BaseBackendMsg):
     """Several messages sent together, handled in order."""
 
     data: List[BaseBackendMsg] = field(default_factory=list)
+
+
+@dataclass
+class StatsQueryMsg(BaseBackendMsg):
+    """Ask the scheduler for its counters (free KV pages, free table rows, ...). It answers
+    with a ``StatsReply`` carrying the same ``uid``; not in upstream (the book's server
+    exposes the counters at ``GET /stats``)."""
+
+    uid: int

@@ -1,15 +1,32 @@
-"""Messages the scheduler sends to the detokenizer (explained in chapter 12).
+"""Messages that reach the tokenizer worker (explained in chapter 12).
 
-Mirrors upstream ``minisgl.message.tokenizer``.
+From the API server: ``TokenizeMsg`` (a new request, as text or chat messages) and
+``AbortMsg``; from the scheduler: ``DetokenizeMsg`` (one new token). Mirrors upstream
+``minisgl.message.tokenizer``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from minisgl.core import SamplingParams
 
 
 @dataclass
-class DetokenizeMsg:
+class BaseTokenizerMsg:
+    """Anything the tokenizer worker receives."""
+
+
+@dataclass
+class BatchTokenizerMsg(BaseTokenizerMsg):
+    """Several messages sent together (one scheduler step's tokens), handled in order."""
+
+    data: List[BaseTokenizerMsg] = field(default_factory=list)
+
+
+@dataclass
+class DetokenizeMsg(BaseTokenizerMsg):
     """One new token of request ``uid``; ``finished`` marks its last message.
 
     ``error`` is set (and ``next_token`` is -1) when the request was refused, e.g. a
@@ -20,3 +37,20 @@ class DetokenizeMsg:
     next_token: int
     finished: bool
     error: str | None = None
+
+
+@dataclass
+class TokenizeMsg(BaseTokenizerMsg):
+    """A new request: ``text`` is a prompt, or chat messages (``[{"role": "user",
+    "content": "..."}]``) to which the model's chat template is applied."""
+
+    uid: int
+    text: str | List[Dict[str, str]]
+    sampling_params: SamplingParams
+
+
+@dataclass
+class AbortMsg(BaseTokenizerMsg):
+    """The client of request ``uid`` went away: forget it and tell the scheduler."""
+
+    uid: int

@@ -9,7 +9,6 @@ Mirrors upstream ``minisgl.scheduler.scheduler.Scheduler``.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, List, NamedTuple, NoReturn, Set, Tuple, TypeAlias
 
 import torch
@@ -30,6 +29,7 @@ from minisgl.utils.device import create_stream, pin, set_stream, stream_ctx, syn
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .io import SchedulerIOMixin
 from .prefill import ChunkedReq, PrefillManager
 from .table import TableManager
 
@@ -51,10 +51,10 @@ class ForwardInput(NamedTuple):
 ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
 
 
-class Scheduler(ABC):
-    """Runs requests to completion. Subclasses say where messages come from and where
-    results go (``receive_msg``, ``send_result``): the offline ``LLM`` in memory, the
-    server over ZMQ (chapter 14)."""
+class Scheduler(SchedulerIOMixin):
+    """Runs requests to completion. Where messages come from and where results go
+    (``receive_msg``, ``send_result``) is not its business: the offline ``LLM`` overrides
+    them in memory, and when serving ``SchedulerIOMixin`` speaks ZMQ (chapter 14)."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         from minisgl.engine import Engine
@@ -78,25 +78,19 @@ class Scheduler(ABC):
         # under overlap, a freed row is reused only once no in-flight batch can touch it
         self._defer_slot_free = False
         self._deferred_slots: List[int] = []
+        self._in_flight: Batch | None = None  # under overlap: the batch launched, not yet handled
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
-
-    # ---- I/O, provided by subclasses ----------------------------------------------------
-    @abstractmethod
-    def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
-        """New messages; with ``blocking``, wait until there is at least one."""
-
-    @abstractmethod
-    def send_result(self, reply: List[DetokenizeMsg]) -> None:
-        """Deliver this step's tokens."""
+        super().__init__(config)  # the I/O: sockets when serving, nothing offline
 
     # ---- the loops ----------------------------------------------------------------------
     def normal_loop(self) -> None:
         """Receive, schedule, forward, then handle this batch's results: CPU and device
         take turns."""
         self._defer_slot_free = False  # nothing is in flight when results are handled
+        self._in_flight = None
         blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
@@ -114,6 +108,7 @@ class Scheduler(ABC):
         if last_data is None:  # nothing in flight: rows held back for safety can be reused now
             # (not only when blocking: a request waiting for a row would otherwise wait forever)
             self._release_deferred_slots()
+        self._in_flight = last_data[0].batch if last_data is not None else None  # for aborts
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
         forward_input = self._schedule_next_batch()
@@ -167,7 +162,8 @@ class Scheduler(ABC):
                 msg.sampling_params.max_tokens = max_output_len
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
-            req = self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
+            req = (self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
+                   or self._find_in_flight(msg.uid))
             if req is not None:
                 self._free_req_resources(req)
                 # under overlap it may sit in the batch in flight: drop that result
@@ -206,6 +202,17 @@ class Scheduler(ABC):
         self.finished_reqs = new_finished
         self.send_result(reply)
 
+    def _find_in_flight(self, uid: int) -> Req | None:
+        """Under overlap, a request whose last token is being computed has already left the
+        decode set (it cannot decode further) but its result is not handled yet: it is
+        found, not yet freed, only in the batch in flight."""
+        if self._in_flight is None:
+            return None
+        for req in self._in_flight.reqs:
+            if req.uid == uid and req not in self.finished_reqs and not isinstance(req, ChunkedReq):
+                return req
+        return None
+
     def _free_req_resources(self, req: Req) -> None:
         if self._defer_slot_free:
             self._deferred_slots.append(req.table_idx)
@@ -228,6 +235,7 @@ class Scheduler(ABC):
         return self._prepare_batch(batch) if batch else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
+        self.engine.graph_runner.pad_batch(batch)  # decode under CUDA graphs: pad with dummies (ch. 18)
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
         input_tuple = _make_input_tuple(batch, self.device)

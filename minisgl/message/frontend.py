@@ -1,0 +1,52 @@
+"""Messages that reach the API server from the tokenizer worker (chapter 12).
+
+Mirrors upstream ``minisgl.message.frontend`` (``UserReply``), with the fields an
+OpenAI-style answer needs added: why the request finished, token counts for ``usage``,
+and an error for a refused request. ``StatsReply`` is the book's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+
+@dataclass
+class BaseFrontendMsg:
+    """Anything the API server receives."""
+
+
+@dataclass
+class BatchFrontendMsg(BaseFrontendMsg):
+    """Several replies sent together, handled in order."""
+
+    data: List[BaseFrontendMsg] = field(default_factory=list)
+
+
+@dataclass
+class UserReply(BaseFrontendMsg):
+    """New text of request ``uid``.
+
+    ``incremental_output`` is what to append to what was sent before (possibly ``""``
+    while a multi-byte character is incomplete). On the last reply ``finished`` is set and
+    ``finish_reason`` is ``"stop"`` (an end-of-sequence token) or ``"length"``
+    (``max_tokens`` or the context ran out). Token counts are in tokens; the output count
+    includes a final end-of-sequence token. ``error`` is set when the request was refused.
+    """
+
+    uid: int
+    incremental_output: str
+    finished: bool
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class StatsReply(BaseFrontendMsg):
+    """The scheduler's counters, in answer to ``StatsQueryMsg`` ``uid`` (pages, rows and
+    requests; see ``SchedulerIOMixin.collect_stats``)."""
+
+    uid: int
+    stats: Dict[str, int] = field(default_factory=dict)

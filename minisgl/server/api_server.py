@@ -1,0 +1,251 @@
+"""The HTTP API: FastAPI routes on top of the ``FrontendManager``, served by uvicorn.
+
+Endpoints: ``POST /generate`` (upstream's native one), ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (OpenAI's, with ``stream`` true or false), ``GET /v1/models``,
+``GET /health`` and ``GET /stats`` (the scheduler's KV-page and table-row counters).
+
+Every request waits for its first reply before answering, so a refused request (a prompt
+longer than the context: the scheduler's error reply) still gets a 400 and not a stream
+that starts and breaks. Streams are Server-Sent Events: ``data: {json}`` per chunk, then
+``data: [DONE]``. A client that goes away, while waiting or while streaming, aborts its
+request. Mirrors upstream ``minisgl.server.api_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from minisgl.message.frontend import UserReply
+from minisgl.utils import init_logger
+
+from .frontend import FrontendManager
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, describe_validation_errors
+
+logger = init_logger("minisgl.server.api_server")
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Chunker = Callable[[UserReply, bool], List[Dict[str, Any]]]  # (reply, is_first) -> SSE payloads
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, unless the client disconnects first (then ``ClientGone``, and
+    ``work`` is cancelled, which aborts its request)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The JSON body as ``model``, whatever the Content-Type header says.
+
+    Raises:
+        APIError: 400 naming the problem: not JSON, not an object, or invalid fields.
+    """
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise APIError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        message, param = describe_validation_errors(e.errors())
+        raise APIError(400, message, param) from None
+
+
+def _usage(reply: UserReply) -> Dict[str, int]:
+    n_in, n_out = reply.num_prompt_tokens, reply.num_output_tokens
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+def _sse(payload: Dict[str, Any] | str) -> bytes:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+
+async def _answer(
+    fm: FrontendManager, request: Request, text: str | List[Dict[str, str]], req: Any,
+    default_max_tokens: int, chunker: Chunker, final: Callable[[str, UserReply], Dict[str, Any]],
+    usage_chunk: Callable[[UserReply], Dict[str, Any]] | None,
+) -> Response:
+    """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
+    (``final(text, last_reply)``)."""
+    params = req.sampling_params(default_max_tokens, fm.max_seq_len)
+    uid = await fm.submit(text, params)
+    replies = fm.replies(uid)
+    try:
+        first = await _until_disconnect(request, anext(replies))
+    except ClientGone:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    if first.error is not None:
+        await replies.aclose()
+        fm.check_alive()  # a dead worker: 503
+        raise APIError(400, first.error, "prompt" if "prompt" in first.error else None)
+
+    if not req.stream:
+        async def collect() -> tuple[str, UserReply]:
+            parts, last = [first.incremental_output], first
+            async with aclosing(replies):
+                while not last.finished:
+                    last = await anext(replies)
+                    parts.append(last.incremental_output)
+            return "".join(parts), last
+
+        try:
+            text_out, last = await _until_disconnect(request, collect())
+        except ClientGone:
+            return Response(status_code=499)
+        if last.error is not None:
+            raise APIError(503, last.error, kind="server_error")
+        return JSONResponse(final(text_out, last))
+
+    async def stream() -> AsyncIterator[bytes]:
+        async with aclosing(replies):  # leaving early (client gone: cancelled) aborts
+            reply, is_first = first, True
+            while True:
+                if reply.error is not None:
+                    yield _sse({"error": {"message": reply.error, "type": "server_error", "code": 503}})
+                    return
+                for payload in chunker(reply, is_first):
+                    yield _sse(payload)
+                if reply.finished:
+                    break
+                reply, is_first = await anext(replies), False
+            if usage_chunk is not None:
+                yield _sse(usage_chunk(reply))
+            yield _sse("[DONE]")
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def create_app(fm: FrontendManager) -> FastAPI:
+    """The FastAPI application; ``fm`` is started and stopped with it (lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await fm.start()
+        print(f"API server ready at http://{fm.args.server_host}:{fm.args.server_port} "
+              f"serving '{fm.args.model_name}'", flush=True)
+        yield
+        fm.stop()
+
+    app = FastAPI(title="mini-sglang", lifespan=lifespan)
+    name = fm.args.model_name
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    def check_model(model: str) -> None:
+        if model not in (name, fm.args.model_path):
+            raise APIError(404, f"model '{model}' not found: this server serves '{name}'", "model", "not_found_error")
+
+    def head(kind: str, uid_prefix: str) -> Dict[str, Any]:
+        return {"id": f"{uid_prefix}-{time.time_ns()}", "object": kind, "created": int(time.time()), "model": name}
+
+    @app.get("/health")
+    async def health() -> Dict[str, Any]:
+        fm.check_alive()
+        return {"status": "ok", "workers": {w.name: w.process.pid for w in fm.workers}}
+
+    @app.get("/stats")
+    async def stats() -> Dict[str, Any]:
+        return {**await fm.stats(), "open_requests": len(fm.queues)}
+
+    @app.get("/v1/models")
+    async def models() -> Dict[str, Any]:
+        card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mini-sglang",
+                "root": fm.args.model_path, "max_model_len": fm.max_seq_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        req = await parse_body(request, GenerateRequest)
+        def chunk(r: UserReply, _: bool) -> List[Dict[str, Any]]:
+            extra = {"finish_reason": r.finish_reason, "usage": _usage(r)} if r.finished else {}
+            return [{"text": r.incremental_output, **extra}] if r.incremental_output or r.finished else []
+
+        return await _answer(fm, request, req.prompt, req, 128, chunk,
+                             lambda text, r: {"text": text, "finish_reason": r.finish_reason, "usage": _usage(r)}, None)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await parse_body(request, CompletionRequest)
+        check_model(req.model)
+        h = head("text_completion", "cmpl")
+
+        def chunk(r: UserReply, _: bool) -> List[Dict[str, Any]]:
+            if not (r.incremental_output or r.finished):
+                return []
+            choice = {"index": 0, "text": r.incremental_output, "logprobs": None, "finish_reason": r.finish_reason}
+            return [{**h, "choices": [choice]}]
+
+        def final(text: str, r: UserReply) -> Dict[str, Any]:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
+            return {**h, "choices": [choice], "usage": _usage(r)}
+
+        usage = (lambda r: {**h, "choices": [], "usage": _usage(r)}) if req.include_usage else None
+        return await _answer(fm, request, req.prompt, req, 16, chunk, final, usage)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await parse_body(request, ChatCompletionRequest)
+        check_model(req.model)
+        h = head("chat.completion.chunk", "chatcmpl")
+        if req.max_tokens is None and req.max_completion_tokens is not None:
+            req.max_tokens = req.max_completion_tokens
+
+        def chunk(r: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+            out = []
+            if is_first:
+                out.append({**h, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                              "finish_reason": None}]})
+            if r.incremental_output:
+                out.append({**h, "choices": [{"index": 0, "delta": {"content": r.incremental_output},
+                                              "finish_reason": None}]})
+            if r.finished:
+                out.append({**h, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}]})
+            return out
+
+        def final(text: str, r: UserReply) -> Dict[str, Any]:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
+            return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
+
+        usage = (lambda r: {**h, "choices": [], "usage": _usage(r)}) if req.include_usage else None
+        return await _answer(fm, request, req.chat(), req, fm.max_seq_len - 1, chunk, final, usage)
+
+    return app
+
+
+def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> None:
+    """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C or SIGTERM."""
+    fm = FrontendManager(args, workers, int(info["max_seq_len"]))
+    uvicorn.run(create_app(fm), host=args.server_host, port=args.server_port, log_level="warning",
+                access_log=False, timeout_graceful_shutdown=3)

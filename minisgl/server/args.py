@@ -1,0 +1,76 @@
+"""The server's settings and its command line. Mirrors upstream ``minisgl.server.args``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
+import torch
+
+from minisgl.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class ServerArgs(SchedulerConfig):
+    """Scheduler settings plus where to listen. The API binds ``server_host`` (loopback by
+    default: nothing outside this machine can reach the server unless asked for)."""
+
+    server_host: str = "127.0.0.1"
+    server_port: int = 1919
+    served_model_name: str = ""  # the ``model`` clients must name; default: the folder's name
+    shell: bool = False
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model_path).name
+
+    @property
+    def zmq_frontend_addr(self) -> str:
+        """Where the API server receives replies from the tokenizer worker."""
+        return self._addr("frontend")
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def _device_of(name: str | None) -> str:
+    if name:
+        return name
+    env = os.environ.get("MINISGL_DEVICE")
+    return env or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
+    """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--shell] ...``.
+
+    ``--dtype auto`` is bfloat16 on CUDA and float32 on the CPU (where bfloat16 matmuls
+    are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input.
+    """
+    p = argparse.ArgumentParser(prog="python -m minisgl", description="mini-sglang: an OpenAI-compatible server")
+    p.add_argument("--model", "--model-path", dest="model_path", required=True, help="local Hugging Face folder")
+    p.add_argument("--host", dest="server_host", default=ServerArgs.server_host,
+                   help="address to bind (default: loopback only)")
+    p.add_argument("--port", dest="server_port", type=int, default=ServerArgs.server_port)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: MINISGL_DEVICE, else CUDA if present)")
+    p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
+    p.add_argument("--served-model-name", default="", help="the model name clients send (default: folder name)")
+    p.add_argument("--max-running-requests", dest="max_running_req", type=int, default=ServerArgs.max_running_req)
+    p.add_argument("--max-seq-len", dest="max_seq_len_override", type=int, default=None)
+    p.add_argument("--max-prefill-length", dest="max_extend_tokens", type=int, default=ServerArgs.max_extend_tokens)
+    p.add_argument("--num-pages", dest="num_page_override", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=ServerArgs.page_size)
+    p.add_argument("--memory-ratio", type=float, default=ServerArgs.memory_ratio)
+    p.add_argument("--attention-backend", "--attn", default=ServerArgs.attention_backend)
+    p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
+    p.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
+    ns = vars(p.parse_args(argv))
+    device = _device_of(ns.pop("device"))
+    dtype = ns.pop("dtype")
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else "bfloat16"
+    if ns["shell"]:
+        ns["max_running_req"] = min(ns["max_running_req"], 4)  # one user: keep the pool small
+    return ServerArgs(**ns, device=device, dtype=_DTYPES[dtype], ipc_dir=ipc_dir)

@@ -1,0 +1,154 @@
+"""The API server's side of the pipeline: request ids, replies, aborts, dead workers.
+
+Every HTTP request gets a ``uid`` and an ``asyncio.Queue``. One background task reads the
+tokenizer worker's replies and drops each into its request's queue; the handler reading
+that queue turns replies into HTTP. A request whose client left is aborted: the tokenizer
+worker and the scheduler forget it and free its KV pages and table row.
+
+The workers are watched without polling: a process's ``sentinel`` is a file descriptor
+that becomes readable when the process ends, so the event loop calls ``_worker_died`` the
+moment one does. From then on every open request gets an error reply, new ones are
+refused with 503, and the log names the dead process. Mirrors upstream
+``minisgl.server.api_server.FrontendManager``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Dict, List, Set
+
+from minisgl.core import SamplingParams
+from minisgl.message import AbortMsg, StatsQueryMsg, TokenizeMsg
+from minisgl.message.frontend import BatchFrontendMsg, StatsReply, UserReply
+from minisgl.message.utils import dumps, loads
+from minisgl.utils import init_logger
+from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+
+from .protocol import APIError
+
+if TYPE_CHECKING:
+    from .args import ServerArgs
+    from .launch import Worker
+
+logger = init_logger("minisgl.server.frontend")
+STATS_TIMEOUT_S = 10.0
+
+
+class FrontendManager:
+    """Call ``start()`` inside the running event loop, ``stop()`` before it ends."""
+
+    def __init__(self, args: ServerArgs, workers: List[Worker], max_seq_len: int) -> None:
+        self.args, self.workers, self.max_seq_len = args, workers, max_seq_len
+        self._uids = itertools.count()
+        self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
+        self.stats_waiters: Dict[int, asyncio.Future[Dict[str, int]]] = {}
+        self.dead: str | None = None  # why nothing can be served any more
+        self.stopping = False
+        self._tasks: Set[asyncio.Task[Any]] = set()
+
+    # ---- life cycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        args = self.args
+        self.recv: ZmqAsyncPullQueue[Any] = ZmqAsyncPullQueue(args.zmq_frontend_addr, create=True, decoder=loads)
+        self.send: ZmqAsyncPushQueue[Any] = ZmqAsyncPushQueue(args.zmq_detokenizer_addr, create=False, encoder=dumps)
+        self._spawn(self._listen())
+        loop = asyncio.get_running_loop()
+        for w in self.workers:
+            loop.add_reader(w.process.sentinel, self._worker_died, w)
+            if w.process.exitcode is not None:  # died between start-up and now
+                self._worker_died(w)
+
+    def stop(self) -> None:
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        for w in self.workers:
+            loop.remove_reader(w.process.sentinel)
+        for task in list(self._tasks):
+            task.cancel()
+        self.recv.stop()
+        self.send.stop()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # a strong reference, or the task may be collected mid-flight
+        task.add_done_callback(self._tasks.discard)
+
+    def _worker_died(self, worker: Worker) -> None:
+        asyncio.get_running_loop().remove_reader(worker.process.sentinel)
+        if self.stopping:
+            return
+        worker.process.join(timeout=0)
+        reason = f"worker process {worker.describe()} died (exit code {worker.process.exitcode})"
+        logger.error(f"{reason}: failing {len(self.queues)} open request(s); restart the server")
+        self.dead = self.dead or reason
+        for uid, q in self.queues.items():
+            q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
+        for fut in self.stats_waiters.values():
+            if not fut.done():
+                fut.set_exception(APIError(503, reason, kind="server_error"))
+
+    # ---- requests -----------------------------------------------------------------------
+    def check_alive(self) -> None:
+        """Raises ``APIError`` 503 once a worker has died."""
+        if self.dead is not None:
+            raise APIError(503, f"the server cannot serve: {self.dead}", kind="server_error")
+
+    async def submit(self, text: str | List[Dict[str, str]], params: SamplingParams) -> int:
+        """Send a new request to the tokenizer worker; returns its uid."""
+        self.check_alive()
+        uid = next(self._uids)
+        self.queues[uid] = asyncio.Queue()
+        await self.send.put(TokenizeMsg(uid=uid, text=text, sampling_params=params))
+        return uid
+
+    async def replies(self, uid: int) -> AsyncGenerator[UserReply, None]:
+        """The replies of request ``uid`` up to and including the finished one. The request
+        is forgotten afterwards; leaving early (client gone) aborts it."""
+        finished = False
+        try:
+            while not finished:
+                reply = await self.queues[uid].get()
+                finished = reply.finished
+                yield reply
+        finally:
+            self.queues.pop(uid, None)
+            if not finished:
+                self.abort(uid)
+
+    def abort(self, uid: int) -> None:
+        """Tell the pipeline to drop ``uid``; safe to call from a ``finally`` of a
+        cancelled task (it does not await)."""
+        self.queues.pop(uid, None)
+        if self.dead is None and not self.stopping:
+            logger.info(f"request {uid}: client gone, aborting")
+            self._spawn(self.send.put(AbortMsg(uid=uid)))
+
+    async def stats(self) -> Dict[str, int]:
+        """The scheduler's counters (``SchedulerIOMixin.collect_stats``).
+
+        Raises:
+            APIError: 503 when a worker is dead or the scheduler does not answer in time.
+        """
+        self.check_alive()
+        uid = next(self._uids)
+        fut: asyncio.Future[Dict[str, int]] = asyncio.get_running_loop().create_future()
+        self.stats_waiters[uid] = fut
+        try:
+            await self.send.put(StatsQueryMsg(uid=uid))
+            return await asyncio.wait_for(fut, STATS_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise APIError(503, f"the scheduler did not answer in {STATS_TIMEOUT_S:.0f} s", kind="server_error") from None
+        finally:
+            self.stats_waiters.pop(uid, None)
+
+    async def _listen(self) -> None:
+        while True:
+            msg = await self.recv.get()
+            for reply in msg.data if isinstance(msg, BatchFrontendMsg) else [msg]:
+                if isinstance(reply, StatsReply):
+                    fut = self.stats_waiters.get(reply.uid)
+                    if fut is not None and not fut.done():
+                        fut.set_result(reply.stats)
+                elif isinstance(reply, UserReply) and reply.uid in self.queues:
+                    self.queues[reply.uid].put_nowait(reply)

@@ -1,0 +1,188 @@
+"""What clients may send, checked before anything reaches the engine.
+
+Three request bodies (``/generate``, ``/v1/completions``, ``/v1/chat/completions``) as
+pydantic models. Types are strict (``"5"`` is not an integer, ``"yes"`` not a boolean),
+ranges are checked, and unknown fields are refused: a parameter the engine would silently
+ignore (``n=2``, ``logprobs``, ``stop``, penalties) is answered with a 400 that says so,
+instead of an answer that looks right and is not. Errors use OpenAI's body,
+``{"error": {"message", "type", "param", "code"}}``, so the ``openai`` client raises them
+with the message. Upstream ``minisgl.server.api_server`` has looser models of the same names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Mapping, Sequence
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+
+from minisgl.core import SamplingParams
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's error body with ``status`` (400, 404, 503, ...)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """One readable sentence (and the first offending field) from pydantic's error list."""
+    parts, first = [], None
+    for e in errors:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or None
+        first = first or field
+        if e.get("type") == "extra_forbidden":
+            parts.append(f"unsupported field '{field}': this server does not implement it")
+        elif e.get("type") == "missing":
+            parts.append(f"'{field}' is required")
+        else:
+            msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+            parts.append(f"'{field}': {msg}" if field else msg)
+    return "; ".join(parts) or "invalid request", first
+
+
+class _Sampling(BaseModel):
+    """Fields shared by the three endpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = -1  # an SGLang extension: -1 (off) or >= 1
+    ignore_eos: StrictBool = False  # an SGLang extension
+    stream: StrictBool = False
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be -1 (disabled) or >= 1")
+        return v
+
+    def sampling_params(self, default_max_tokens: int, max_seq_len: int) -> SamplingParams:
+        """``SamplingParams`` for the engine. ``max_tokens`` may be at most
+        ``max_seq_len - 1`` (a one-token prompt); the scheduler then shortens it to what the
+        actual prompt leaves of the context.
+
+        Raises:
+            APIError: 400 when ``max_tokens`` exceeds the context.
+        """
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        if max_tokens > max_seq_len - 1:
+            raise APIError(400, f"max_tokens is {max_tokens}, but the context is {max_seq_len} tokens "
+                           f"(prompt included): at most {max_seq_len - 1}", "max_tokens")
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              ignore_eos=self.ignore_eos, max_tokens=min(max_tokens, max_seq_len - 1))
+
+
+class GenerateRequest(_Sampling):
+    """``POST /generate``: upstream's native endpoint. Streams ``{"text": delta}`` events."""
+
+    prompt: StrictStr
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+
+
+class _OpenAI(_Sampling):
+    """OpenAI fields the engine cannot honour are accepted only at their neutral value."""
+
+    model: StrictStr
+    n: StrictInt = 1
+    stop: StrictStr | List[StrictStr] | None = None
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
+    seed: StrictInt | None = None
+    user: StrictStr | None = None  # metadata only
+    stream_options: Dict[str, StrictBool] | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported (one choice per request); send n requests instead")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Any) -> Any:
+        if v:
+            raise ValueError("stop sequences are not supported by this server")
+        return v
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float) -> float:
+        if v != 0.0:
+            raise ValueError("penalties are not supported by this server (only 0)")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None:
+            raise ValueError("per-request seeds are not supported (the engine has one seed, set at launch)")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_OpenAI):
+    """``POST /v1/completions``. ``max_tokens`` defaults to 16, as in OpenAI's API."""
+
+    prompt: StrictStr
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: int | None) -> None:
+        if v is not None:
+            raise ValueError("logprobs are not supported by this server")
+        return None
+
+    @field_validator("echo", "best_of", "suffix")
+    @classmethod
+    def _unsupported(cls, v: Any) -> Any:
+        if v not in (None, False, 1):
+            raise ValueError("not supported by this server")
+        return v
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+    name: StrictStr | None = None
+
+
+class ChatCompletionRequest(_OpenAI):
+    """``POST /v1/chat/completions``. Without ``max_tokens`` (or ``max_completion_tokens``)
+    the answer may run to the end of the context, as in OpenAI's API."""
+
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _logprobs(cls, v: Any) -> None:
+        if v:
+            raise ValueError("logprobs are not supported by this server")
+        return None
+
+    def chat(self) -> List[Dict[str, str]]:
+        return [{"role": m.role, "content": m.content} for m in self.messages]

@@ -1,0 +1,327 @@
+"""Chapter 15: the OpenAI-compatible server, started for real (`python -m minisgl`) on a free
+loopback port and used through the official `openai` client.
+
+One SmolLM2 server (CPU, float32) is shared by the module: starting one costs the model
+load plus three interpreters. A second, tiny-model server is started only for the test
+that kills one of its workers.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.server.args import parse_args
+
+from conftest import DEVICE, ROOT
+
+MAX_SEQ_LEN = 512
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,"]
+CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m minisgl`` in its own process group (so a test can press "Ctrl-C")."""
+
+    def __init__(self, model: Path, log: Path, *extra: str) -> None:
+        self.port, self.log = free_port(), log
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port),
+               "--device", DEVICE, "--max-seq-len", str(MAX_SEQ_LEN), "--num-pages", "8192", *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout: float = 600) -> "Server":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    self.workers = {n: psutil.Process(p) for n, p in self.get("/health")["workers"].items()}
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.proc.kill()
+        pytest.fail(f"the server was not ready in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
+
+    def get(self, path: str) -> dict:
+        return httpx.get(f"{self.url}{path}", timeout=30).json()
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def stop(self, sig: int = signal.SIGTERM, group: bool = False) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig) if group else self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def wait_until_idle(server: Server, timeout: float = 30) -> dict:
+    """The scheduler's counters once nothing runs any more."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = server.get("/stats")
+        if stats["running_reqs"] == stats["pending_reqs"] == stats["open_requests"] == 0:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    s = Server(smollm2_path, tmp_path_factory.mktemp("server") / "server.log").wait_ready()
+    yield s
+    workers = list(s.workers.values())
+    assert s.stop(signal.SIGTERM) == 0, s.log.read_text()[-3000:]  # SIGTERM: a clean exit
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+@pytest.fixture(scope="module")
+def offline(smollm2_path):
+    """The offline LLM with the server's settings: the oracle for the server's texts."""
+    llm = LLM(str(smollm2_path), dtype=torch.float32, device=DEVICE, attention_backend="torch",
+              max_seq_len_override=MAX_SEQ_LEN, num_page_override=8192, max_running_req=8)
+    tokenizer = llm.tokenizer
+
+    def generate(prompt, max_tokens):
+        """(text, finish_reason, completion_tokens, prompt_tokens); an EOS counts in usage."""
+        out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens))[0]
+        stopped = len(out["token_ids"]) < max_tokens
+        n_in = len(tokenizer.encode(prompt, add_special_tokens=False))  # the template has them
+        return out["text"], ("stop" if stopped else "length"), len(out["token_ids"]) + stopped, n_in
+
+    generate.chat_text = lambda msgs: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    yield generate
+    llm.shutdown()
+
+
+# ---- answers equal the offline LLM's --------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_equal_offline_generate(server, offline, stream):
+    client = server.client()
+    for prompt in PROMPTS[:2]:
+        text, reason, n_out, n_in = offline(prompt, 12)
+        if stream:
+            chunks = list(client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=12,
+                                                    temperature=0, stream=True, stream_options={"include_usage": True}))
+            got = "".join(c.choices[0].text for c in chunks if c.choices)
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+            usage = chunks[-1].usage
+        else:
+            out = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=12, temperature=0)
+            got, usage = out.choices[0].text, out.usage
+            assert out.choices[0].finish_reason == reason
+        assert got == text
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (n_in, n_out, n_in + n_out)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_completions_apply_the_template_and_equal_offline_generate(server, offline, stream):
+    text, reason, n_out, n_in = offline(offline.chat_text(CHAT), 24)
+    client = server.client()
+    if stream:
+        chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=24,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+        assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (n_out, n_in)
+    else:
+        out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=24, temperature=0)
+        got = out.choices[0].message.content
+        assert out.choices[0].message.role == "assistant" and out.choices[0].finish_reason == reason
+        assert (out.usage.completion_tokens, out.usage.prompt_tokens) == (n_out, n_in)
+    assert got == text and got.strip()
+
+
+def test_concurrent_streams_each_get_their_own_text(server, offline):
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    lengths = [3, 9, 6, 12]
+
+    async def one(prompt, n):
+        stream = await client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=n,
+                                                 temperature=0, stream=True)
+        return "".join([c.choices[0].text async for c in stream])
+
+    async def main():
+        return await asyncio.gather(*[one(p, n) for p, n in zip(PROMPTS, lengths)])
+
+    assert asyncio.run(main()) == [offline(p, n)[0] for p, n in zip(PROMPTS, lengths)]
+
+
+def test_generate_endpoint_streams_and_answers(server, offline):
+    text, reason, *_ = offline(PROMPTS[0], 8)
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
+    out = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    assert (out["text"], out["finish_reason"]) == (text, reason)
+    with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert "".join(json.loads(line[6:])["text"] for line in lines[:-1]) == text
+
+
+def test_models_health_and_stats(server):
+    [card] = server.get("/v1/models")["data"]
+    assert card["id"] == "SmolLM2-135M-Instruct" and card["max_model_len"] == MAX_SEQ_LEN
+    assert [m.id for m in server.client().models.list()] == ["SmolLM2-135M-Instruct"]
+    assert set(server.get("/health")["workers"]) == {"minisgl-scheduler-0", "minisgl-tokenizer"}
+    stats = wait_until_idle(server)
+    assert stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]
+
+
+def test_the_server_listens_on_loopback_only_by_default(server):
+    assert parse_args(["--model", "m"], "/tmp").server_host == "127.0.0.1"
+    listening = [c.laddr for c in psutil.Process(server.proc.pid).net_connections() if c.status == "LISTEN"]
+    assert listening == [("127.0.0.1", server.port)]
+
+
+# ---- bad input: a 4xx with a message, and the server keeps serving ------------------------
+
+LONG_PROMPT = "hello " * (MAX_SEQ_LEN + 10)
+BAD = [
+    ("completions", '{"model": ', 400, "not valid JSON"),
+    ("completions", "[1, 2]", 400, "JSON object"),
+    ("completions", {"model": "SmolLM2-135M-Instruct"}, 400, "'prompt' is required"),
+    ("chat/completions", {"model": "SmolLM2-135M-Instruct"}, 400, "'messages' is required"),
+    ("chat/completions", {"model": "SmolLM2-135M-Instruct", "messages": []}, 400, "messages"),
+    ("completions", {"prompt": "hi", "max_tokens": 0}, 400, "greater than or equal to 1"),
+    ("completions", {"prompt": "hi", "max_tokens": 100000}, 400, f"at most {MAX_SEQ_LEN - 1}"),
+    ("completions", {"prompt": "hi", "temperature": -0.5}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model 'gpt-4' not found"),
+    ("completions", {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "max_tokens": 5.0}, 400, "max_tokens"),
+    ("completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("completions", {"prompt": 123}, 400, "prompt"),
+    ("chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
+    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+    ("completions", {"prompt": "hi", "n": 2}, 400, "only n=1"),
+    ("completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs are not supported"),
+    ("chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs are not supported"),
+    ("completions", {"prompt": "hi", "stop": ["\n"]}, 400, "stop sequences"),
+    ("completions", {"prompt": "hi", "frobnicate": 1}, 400, "unsupported field 'frobnicate'"),
+    ("completions", {"prompt": LONG_PROMPT}, 400, f"the context limit is {MAX_SEQ_LEN} tokens"),
+    ("completions", {"prompt": LONG_PROMPT, "stream": True}, 400, f"the context limit is {MAX_SEQ_LEN} tokens"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,message", BAD, ids=[f"{i}-{b[3][:24]}" for i, b in enumerate(BAD)])
+def test_bad_input_gets_a_4xx_json_error(server, endpoint, body, status, message):
+    if isinstance(body, dict):
+        body = json.dumps({"model": "SmolLM2-135M-Instruct", **body})
+    r = httpx.post(f"{server.url}/v1/{endpoint}", content=body, timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"], r.json()
+
+
+def test_the_openai_client_raises_the_message_and_the_server_keeps_serving(server):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="only n=1"):
+        client.completions.create(model="SmolLM2-135M-Instruct", prompt="hi", n=2)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.chat.completions.create(model="nope", messages=CHAT)
+    with pytest.raises(openai.BadRequestError, match="context limit"):
+        client.completions.create(model="SmolLM2-135M-Instruct", prompt=LONG_PROMPT, max_tokens=2)
+    out = client.completions.create(model="SmolLM2-135M-Instruct", prompt="1 + 1 =", max_tokens=2, temperature=0)
+    assert out.usage.completion_tokens == 2
+
+
+def test_a_client_that_disconnects_aborts_its_request(server):
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Count: 1, 2, 3,", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 6:
+                break  # leave mid-stream: closing the connection
+    stats = wait_until_idle(server, timeout=20)  # far sooner than 400 tokens would take
+    assert stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]
+
+
+# ---- a dead worker: fail fast, say which ----------------------------------------------------
+
+def test_a_killed_worker_makes_the_server_fail_fast(qwen3_path, tmp_path):
+    server = Server(qwen3_path, tmp_path / "server.log").wait_ready()
+    try:
+        client = server.client()
+        stream = client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=400, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))  # it is running
+        victim = server.workers["minisgl-scheduler-0"]
+        t0 = time.monotonic()
+        victim.kill()
+        with pytest.raises(openai.APIError, match="minisgl-scheduler-0"):
+            for _ in stream:
+                pass
+        with pytest.raises(openai.InternalServerError, match=f"minisgl-scheduler-0 \\(pid {victim.pid}\\) died"):
+            client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=2)
+        assert time.monotonic() - t0 < 10  # fail fast, do not hang
+        assert httpx.get(f"{server.url}/health").status_code == 503
+        assert f"worker process minisgl-scheduler-0 (pid {victim.pid}) died" in server.log.read_text()
+    finally:
+        rc = server.stop(signal.SIGINT, group=True)  # Ctrl-C in its terminal: every process
+    assert rc == 0
+    assert not server.workers["minisgl-tokenizer"].is_running()
+
+
+# ---- the shell, without processes ----------------------------------------------------------
+
+def test_the_shell_keeps_the_conversation_and_resets_it(monkeypatch, capsys):
+    from minisgl import shell
+    from minisgl.message.frontend import UserReply
+
+    lines = iter(["Hi", "And?", "/reset", "Bye", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+
+    class FakeFrontend:  # what FrontendManager offers the shell: submit and replies
+        max_seq_len = 64
+
+        def __init__(self):
+            self.chats = []
+
+        async def submit(self, chat, params):
+            assert params.temperature == 0.0  # greedy
+            self.chats.append(chat)
+            return len(self.chats)
+
+        async def replies(self, uid):
+            yield UserReply(uid, f"answer {uid}", finished=False)
+            yield UserReply(uid, "!", finished=True, finish_reason="stop")
+
+    fm = FakeFrontend()
+    asyncio.run(shell._chat(fm))
+    assert fm.chats[1] == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "answer 1!"},
+                           {"role": "user", "content": "And?"}]
+    assert fm.chats[2] == [{"role": "user", "content": "Bye"}]  # after /reset
+    assert "answer 2!" in capsys.readouterr().out
