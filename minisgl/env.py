@@ -1,7 +1,10 @@
 """Switches read from the environment, settable from code for experiments and tests.
 
 ``ENV.DISABLE_OVERLAP_SCHEDULING.value = True`` turns overlap scheduling (chapter 11) off,
-as chapter 7's example does to show the plain loop. Mirrors upstream ``minisgl.env``.
+as chapter 7's example does to show the plain loop. ``MINISGL_TORCH_KERNELS=1`` keeps the
+torch reference kernels on CUDA too, instead of FlashInfer and Triton (chapters 17, 19): the
+switch to reach for when a fast kernel is suspected of a wrong answer. Mirrors upstream
+``minisgl.env``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class EnvBool:
 class _Env:
     def __init__(self) -> None:
         self.DISABLE_OVERLAP_SCHEDULING = EnvBool("MINISGL_DISABLE_OVERLAP_SCHEDULING")
+        self.TORCH_KERNELS = EnvBool("MINISGL_TORCH_KERNELS")
 
 
 ENV = _Env()

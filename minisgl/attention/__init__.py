@@ -1,13 +1,15 @@
 """Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA.
 
-``"prefill_name,decode_name"`` builds a ``HybridBackend``. Mirrors upstream
-``minisgl.attention``.
+``"prefill_name,decode_name"`` builds a ``HybridBackend`` (``"fi,torch"``, ``"torch,fi"``).
+A backend module is imported only when its name is asked for, so the CPU never imports
+``flashinfer``. Mirrors upstream ``minisgl.attention``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
 from minisgl.utils import Registry, div_even
 
@@ -28,6 +30,20 @@ def _torch_backend(config: ModelConfig) -> BaseAttnBackend:
         div_even(config.num_qo_heads, tp),
         div_even(config.num_kv_heads, tp, allow_replicate=True),
         config.head_dim,
+    )
+
+
+@ATTENTION_BACKENDS.register("fi")
+def _flashinfer_backend(config: ModelConfig) -> BaseAttnBackend:
+    from .fi import FlashInferBackend  # chapter 17
+
+    tp, ctx = get_tp_info().size, get_global_ctx()
+    return FlashInferBackend(
+        div_even(config.num_qo_heads, tp),
+        div_even(config.num_kv_heads, tp, allow_replicate=True),
+        config.head_dim,
+        ctx.kv_cache,  # type: ignore[arg-type]
+        ctx.page_size,
     )
 
 

@@ -5,13 +5,19 @@ the model: it turns the batch's requests into whatever index tensors its kernels
 (sequence lengths, where each request's KV lives) and stores them in
 ``batch.attn_metadata``. ``forward(q, k, v, layer_id, batch)`` runs in every layer: it
 stores this step's K/V into the pool and attends over each request's whole context.
+
+A backend that can be replayed inside a CUDA graph (chapter 18) also says so with
+``supports_cuda_graph`` and implements three more methods: ``init_capture_graph`` once,
+``prepare_for_capture`` before capturing each batch size, ``prepare_for_replay`` before
+every replay. The torch backend cannot (its Python loop over requests is not a fixed
+sequence of kernels), so with it the engine simply runs every step eagerly.
 Mirrors upstream ``minisgl.attention.base``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +42,26 @@ class BaseAttnBackend(ABC):
     ) -> torch.Tensor:
         """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k, v first."""
 
+    # ---- CUDA graphs (chapter 18); only backends with supports_cuda_graph implement these
+    @property
+    def supports_cuda_graph(self) -> bool:
+        return False
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        """Allocate the fixed index buffers that every captured decode batch size shares.
+
+        ``max_seq_len``: tokens per request at most; ``bs_list``: the batch sizes to capture.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        """Plan a decode ``batch`` of a captured size into the fixed buffers, before capture."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """Re-plan the fixed buffers for ``batch`` (metadata already prepared), before replay."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
 
 class HybridBackend(BaseAttnBackend):
     """One backend for prefill batches and another for decode batches (``"fa,fi"``)."""
@@ -54,3 +80,17 @@ class HybridBackend(BaseAttnBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch)
+
+    # graphs replay decode batches only, so the decode backend decides
+    @property
+    def supports_cuda_graph(self) -> bool:
+        return self.decode_backend.supports_cuda_graph
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        self.decode_backend.init_capture_graph(max_seq_len, bs_list)
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        self.decode_backend.prepare_for_capture(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        self.decode_backend.prepare_for_replay(batch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Tuple
 
 import torch
 
@@ -20,7 +21,11 @@ DEFAULT_CPU_KV_MEMORY = 512 * 1024**2  # bytes
 class EngineConfig:
     """``model_path`` is a local Hugging Face folder. KV sizing, in order of precedence:
     ``num_page_override`` pages; ``kv_memory_cap`` bytes; on CUDA ``memory_ratio`` of the
-    free memory (after loading weights); on the CPU ``DEFAULT_CPU_KV_MEMORY``."""
+    free memory (after loading weights); on the CPU ``DEFAULT_CPU_KV_MEMORY``.
+
+    CUDA graphs (chapter 18, CUDA with a graph-capable attention backend only): the batch
+    sizes ``cuda_graph_bs`` if given, else ``1, 2, 4, 8, 16, ...`` up to
+    ``cuda_graph_max_bs`` (default 256, capped at ``max_running_req``); 0 disables them."""
 
     model_path: str
     tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
@@ -34,6 +39,8 @@ class EngineConfig:
     kv_memory_cap: int | None = None
     max_seq_len_override: int | None = None
     seed: int = 42
+    cuda_graph_bs: Tuple[int, ...] | None = None
+    cuda_graph_max_bs: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

@@ -2,8 +2,9 @@
 
 The engine knows nothing about requests arriving or finishing; the scheduler hands it a
 prepared ``Batch`` and gets the next token of each request back. Start-up is the
-interesting part: load the weights, then size the KV pool from what memory is left.
-Mirrors upstream ``minisgl.engine.engine.Engine``.
+interesting part: load the weights, then size the KV pool from what memory is left, and
+on a GPU capture the decode CUDA graphs (chapter 18). ``startup_seconds`` says where
+start-up went. Mirrors upstream ``minisgl.engine.engine.Engine``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from minisgl.utils.device import (
 )
 
 from .config import DEFAULT_CPU_KV_MEMORY, EngineConfig
+from .graph import GraphRunner, determine_graph_bs
 from .sample import BatchSamplingArgs, Sampler
 
 logger = init_logger(__name__)
@@ -67,6 +69,8 @@ class Engine:
         self.model.load_state_dict(
             dict(load_weight(config.model_path, self.device, self.dtype, model_config.num_kv_heads))
         )
+        synchronize(self.device)
+        t_load = time.perf_counter()
 
         # KV pool: one extra page at the end belongs to the dummy request (CUDA graphs)
         self.num_pages = self._determine_num_pages(free_before)
@@ -89,13 +93,31 @@ class Engine:
             self._pick_attention_backend(), model_config
         )
         self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
-        logger.info(f"engine ready on {self.device} in {time.perf_counter() - t0:.1f} s")
+
+        # CUDA graphs need CUDA and a backend that can be replayed (not the torch one)
+        graph_bs: list[int] = []
+        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph:
+            graph_bs = determine_graph_bs(config.cuda_graph_bs, config.cuda_graph_max_bs, config.max_running_req)
+        self.graph_runner = GraphRunner(
+            self.model, self.attn_backend, self.stream if is_cuda(self.device) else None,  # type: ignore[arg-type]
+            self.device, self.dummy_req, graph_bs, self.page_table.shape[1],
+        )
+        t_end = time.perf_counter()
+        self.startup_seconds = {
+            "load": t_load - t0,
+            "kv_cache": t_end - t_load - self.graph_runner.capture_seconds,
+            "jit_warmup": self.graph_runner.warmup_seconds,
+            "graph_capture": self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds,
+            "total": t_end - t0,
+        }
+        logger.info(f"engine ready on {self.device} in {t_end - t0:.1f} s")
 
     def _pick_attention_backend(self) -> str:
         name = self.config.attention_backend
         if name != "auto":
             return name
-        if is_cuda(self.device) and "fi" in ATTENTION_BACKENDS:
+        # FlashInfer's kernels exist for fp16/bf16 only: float32 runs use the torch backend
+        if is_cuda(self.device) and "fi" in ATTENTION_BACKENDS and self.dtype in (torch.float16, torch.bfloat16):
             try:
                 import flashinfer  # noqa: F401
 
@@ -140,7 +162,10 @@ class Engine:
         started without waiting; wait on ``copy_done_event`` before reading it.
         """
         with self.ctx.forward_batch(batch):
-            logits = self.model.forward()
+            if self.graph_runner.can_use_cuda_graph(batch):
+                logits = self.graph_runner.replay(batch)
+            else:
+                logits = self.model.forward()
         for req in batch.reqs:
             req.complete_one()
         next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
@@ -151,4 +176,5 @@ class Engine:
 
     def shutdown(self) -> None:
         synchronize(self.device)
+        self.graph_runner.destroy()
         set_global_ctx(None)

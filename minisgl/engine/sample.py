@@ -2,9 +2,10 @@
 
 ``prepare`` builds the per-request parameter tensors while the batch is being assembled
 (so the copies to the device overlap other work); ``sample`` runs after the forward pass.
-A greedy-only batch skips everything but ``argmax``. Mirrors upstream
-``minisgl.engine.sample`` (which calls FlashInfer's sampling kernels on CUDA; this torch
-version runs everywhere and is the reference).
+A greedy-only batch skips everything but ``argmax``. On CUDA (with ``flashinfer``
+installed) the random draw uses FlashInfer's sampling kernels, which filter top-k/top-p
+by rejection sampling instead of sorting the vocabulary (chapter 17); the torch version
+here runs everywhere and is the reference. Mirrors upstream ``minisgl.engine.sample``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.kernel import fi_ops, use_flashinfer
 from minisgl.utils.device import pin
 
 if TYPE_CHECKING:
@@ -84,7 +86,10 @@ class Sampler:
         greedy_tokens = logits.argmax(dim=-1)
         if args.temperatures is None:
             return greedy_tokens
-        scaled = logits.float() / args.temperatures.unsqueeze(1)
-        probs = top_k_top_p_filter(scaled, args.top_k, args.top_p).softmax(dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        if use_flashinfer(logits):  # CUDA, an fp16/bf16 model, flashinfer installed
+            sampled = fi_ops.sample(logits.float(), args.temperatures, args.top_k, args.top_p, self.generator)
+        else:
+            scaled = logits.float() / args.temperatures.unsqueeze(1)
+            probs = top_k_top_p_filter(scaled, args.top_k, args.top_p).softmax(dim=-1)
+            sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
         return torch.where(args.greedy, greedy_tokens, sampled)

@@ -1,13 +1,124 @@
-"""Kernels: torch references here; on CUDA, FlashInfer and custom kernels (chapters 17, 19)."""
+"""Kernels, chosen per call: fast ones on CUDA, the torch references everywhere else.
 
-from .torch_ops import (
-    apply_rotary,
-    embedding_gather,
-    fused_add_rms_norm,
-    rms_norm,
-    silu_and_mul,
-    store_cache,
-)
+Every layer calls the names below and never a library directly. Each call looks at its
+input and picks:
+
+* FlashInfer (``fi_ops``, chapter 17) for the norms, the SwiGLU gate and RoPE, when the
+  tensor is on CUDA, in ``float16``/``bfloat16`` (all FlashInfer supports), and
+  ``flashinfer`` imports;
+* Triton (``triton_store``, chapter 19) for the KV store and the embedding gather, when
+  the tensor is on CUDA and ``triton`` imports;
+* the torch reference (``torch_ops``) otherwise: on the CPU, in float32, or when
+  ``MINISGL_TORCH_KERNELS=1`` asks for it.
+
+The choice costs a few attribute reads per call; inside a CUDA graph it is made once, at
+capture. The switch lives in ``minisgl.env`` (chapter 7) and is imported only on the CUDA
+path, so the CPU-only chapters before it need no ``env.py``. Mirrors upstream
+``minisgl.kernel`` (which has no fallback: upstream is CUDA only).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+import torch
+
+from . import fi_ops, torch_ops
+
+_FI_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """Whether ``import triton`` works (checked once)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_kernels_forced() -> bool:
+    from minisgl.env import ENV
+
+    return bool(ENV.TORCH_KERNELS)
+
+
+def use_flashinfer(x: torch.Tensor) -> bool:
+    """Whether FlashInfer serves a kernel whose main input is ``x`` (CUDA, fp16/bf16)."""
+    if not x.is_cuda or x.dtype not in _FI_DTYPES:
+        return False
+    return not _torch_kernels_forced() and fi_ops.flashinfer_available()
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve an op whose main input is ``x`` (CUDA)."""
+    if not x.is_cuda:
+        return False
+    return not _torch_kernels_forced() and triton_available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x: [..., N]`` -> ``x / rms(x) * weight``, same shape (see ``torch_ops.rms_norm``)."""
+    if use_flashinfer(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
+        return fi_ops.rms_norm(x, weight, eps)
+    return torch_ops.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``; on FlashInfer computed in place in
+    ``x`` and ``residual`` (callers use the returned tensors only)."""
+    if use_flashinfer(x) and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
+        return fi_ops.fused_add_rms_norm(x, residual, weight, eps)
+    return torch_ops.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``[T, 2I]`` holding ``[gate | up]`` -> ``silu(gate) * up``, ``[T, I]``."""
+    if use_flashinfer(x) and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0:
+        return fi_ops.silu_and_mul(x)
+    return torch_ops.silu_and_mul(x)
+
+
+def apply_rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on ``q: [T, H_q, D]``, ``k: [T, H_kv, D]`` (see ``torch_ops.apply_rotary``);
+    on FlashInfer in place."""
+    if (
+        use_flashinfer(q)
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and cos_sin_cache.dtype == torch.float32
+        and cos_sin_cache.shape[-1] == q.shape[-1]
+    ):
+        return fi_ops.apply_rotary(positions, q, k, cos_sin_cache)
+    return torch_ops.apply_rotary(positions, q, k, cos_sin_cache)
+
+
+def store_cache(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """``k_cache[indices[i]] = k[i]``, same for v (see ``torch_ops.store_cache``)."""
+    if use_triton(k):
+        from . import triton_store
+
+        triton_store.store_cache(k_cache, v_cache, indices, k, v)
+    else:
+        torch_ops.store_cache(k_cache, v_cache, indices, k, v)
+
+
+def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weight: [V, hidden]`` for ``ids: [T]`` -> ``[T, hidden]``."""
+    if use_triton(weight):
+        from . import triton_store
+
+        return triton_store.embedding_gather(ids, weight)
+    return torch_ops.embedding_gather(ids, weight)
+
 
 __all__ = [
     "apply_rotary",
@@ -16,4 +127,7 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "store_cache",
+    "triton_available",
+    "use_flashinfer",
+    "use_triton",
 ]

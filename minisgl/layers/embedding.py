@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.kernel import embedding_gather
 from minisgl.utils import div_ceil
 
 from .base import BaseOP
@@ -19,7 +20,8 @@ class VocabParallelEmbedding(BaseOP):
     """``ids: [T]`` -> ``[T, hidden]``. Each rank holds ``ceil(V / tp)`` rows of the table.
 
     A rank looks up the ids that fall in its slice, writes zeros for the others, and an
-    all-reduce adds the slices up: exactly one rank contributes each row.
+    all-reduce adds the slices up: exactly one rank contributes each row. On one rank the
+    lookup is ``kernel.embedding_gather`` (a Triton kernel on CUDA, chapter 19).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
@@ -34,7 +36,7 @@ class VocabParallelEmbedding(BaseOP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_size == 1:
-            return F.embedding(x, self.weight)
+            return embedding_gather(x, self.weight)
         in_slice = (x >= self._vocab_start) & (x < self._vocab_end)
         y = F.embedding(torch.where(in_slice, x - self._vocab_start, 0), self.weight)
         y = y * in_slice.unsqueeze(-1).to(y.dtype)

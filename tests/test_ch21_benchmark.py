@@ -1,0 +1,114 @@
+"""Chapter 21: the benchmarks.
+
+On the CPU: the workload is exactly nano-vllm's (133,966 output tokens), the table
+helper, resetting the prefix cache between runs, and a smoke run of the offline benchmark
+on the tiny model. On a GPU: a short offline run and the decode-step script.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minisgl.benchmark import offline
+from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, format_table, nano_vllm_workload
+
+from conftest import MODELS
+
+SHAPED = MODELS / "qwen3-0.6b-shaped"
+
+
+def test_the_workload_is_nano_vllms_exactly():
+    w = nano_vllm_workload()
+    assert w.num_requests == 256
+    assert w.output_tokens == NANO_VLLM_OUTPUT_TOKENS == 133_966
+    assert w.input_tokens == 142_827
+    # the same draws, in the same order, as nano-vllm's bench.py with the global random
+    random.seed(0)
+    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    assert w.prompts == prompts and w.max_tokens == [random.randint(100, 1024) for _ in range(256)]
+    params = w.sampling_params()
+    assert all(p.temperature == 0.6 and p.ignore_eos for p in params)
+    assert [p.max_tokens for p in params] == w.max_tokens
+
+
+def test_small_workloads_keep_the_shape():
+    w = nano_vllm_workload(8, input_len=(4, 16), output_len=(2, 5))
+    assert w.num_requests == 8 and all(4 <= len(p) <= 16 for p in w.prompts) and all(2 <= n <= 5 for n in w.max_tokens)
+    with pytest.raises(ValueError, match="min <= max"):
+        nano_vllm_workload(2, input_len=(10, 5))
+
+
+def test_the_table_lines_up():
+    text = format_table(["system", "tok/s"], [["mini-sglang", "17,000"], ["transformers", "620"]])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1 and lines[1].startswith("-")
+
+
+def test_the_offline_benchmark_runs_on_the_cpu(qwen3_path, capsys):
+    results = offline.main([
+        "--model", str(qwen3_path), "--device", "cpu", "--num-seqs", "3", "--input-len", "4", "12",
+        "--output-len", "2", "4", "--page-size", "4", "--max-seq-len", "64", "--max-running-req", "4",
+    ])
+    expected = nano_vllm_workload(3, input_len=(4, 12), output_len=(2, 4)).output_tokens
+    assert [r.output_tokens for r in results] == [expected]
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "start-up" in out and "KV pages x P = tokens" in out
+
+
+def test_resetting_the_prefix_cache_returns_every_page(qwen3_path):
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    llm = LLM(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=2, num_page_override=64,
+              max_seq_len_override=32)
+    llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=2))
+    assert llm.cache_manager.prefix_cache.size_info.total_size > 0
+    offline.reset_prefix_cache(llm)
+    assert llm.cache_manager.prefix_cache.size_info.total_size == 0
+    assert llm.cache_manager.num_free_pages == llm.engine.num_pages
+    llm.shutdown()
+
+
+def test_the_decode_step_batch_is_a_pure_decode_of_the_context(qwen3_path):
+    from minisgl.benchmark import manual
+    from minisgl.benchmark.decode_step import kv_bytes_per_token, make_decode_batch, weight_bytes
+    from minisgl.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", page_size=4, max_running_req=4,
+                              num_page_override=64, max_seq_len_override=32))
+    batch = make_decode_batch(eng, 3, context=10)
+    assert batch.is_decode and batch.size == 3 and batch.positions.tolist() == [10, 10, 10]
+    assert batch.out_loc.tolist() == [10, 22, 34]  # rows own pages 0-2, 3-5, 6-8: slot 10 of each
+    assert manual.forward(eng, batch).shape == (3, eng.config.model_config.vocab_size)
+    mc = eng.config.model_config
+    assert kv_bytes_per_token(eng) == 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * 4
+    # tied embeddings: the LM head shares the embedding's storage and is counted once
+    assert weight_bytes(eng) < sum(t.numel() * 4 for t in eng.model.state_dict().values())
+    eng.shutdown()
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped")
+def test_a_short_offline_run_on_the_gpu():
+    results = offline.main(["--model", str(SHAPED), "--num-seqs", "32", "--input-len", "50", "200",
+                            "--output-len", "20", "60", "--cuda-graph-max-bs", "32", "--max-running-req", "32",
+                            "--memory-ratio", "0.5"])
+    [r] = results
+    assert r.output_tokens == nano_vllm_workload(32, input_len=(50, 200), output_len=(20, 60)).output_tokens
+    assert r.peak_memory is not None and r.peak_memory > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped")
+def test_the_decode_step_script_runs(capsys):
+    from minisgl.benchmark import decode_step
+
+    decode_step.main(["--model", str(SHAPED), "--batch-sizes", "1", "8", "--context", "256", "--steps", "5"])
+    out = capsys.readouterr().out
+    assert "floor ms" in out and "TB/s" in out
