@@ -112,3 +112,31 @@ def test_the_decode_step_script_runs(capsys):
     decode_step.main(["--model", str(SHAPED), "--batch-sizes", "1", "8", "--context", "256", "--steps", "5"])
     out = capsys.readouterr().out
     assert "floor ms" in out and "TB/s" in out
+
+
+def test_the_online_trace_is_seeded_and_only_its_gaps_depend_on_the_rate(qwen3_path):
+    from transformers import AutoTokenizer
+
+    from minisgl.benchmark.online import poisson_trace
+
+    tok = AutoTokenizer.from_pretrained(qwen3_path)
+    slow = poisson_trace(tok, 200, 2.0, (4, 8), (3, 9), seed=1)
+    fast = poisson_trace(tok, 200, 50.0, (4, 8), (3, 9), seed=1)
+    assert [r.prompt for r in slow] == [r.prompt for r in fast]
+    assert [r.max_tokens for r in slow] == [r.max_tokens for r in fast] and all(3 <= r.max_tokens <= 9 for r in slow)
+    assert slow == poisson_trace(tok, 200, 2.0, (4, 8), (3, 9), seed=1)
+    gaps = [b.arrival - a.arrival for a, b in zip(slow, slow[1:])]
+    assert slow[0].arrival == 0 and min(gaps) >= 0
+    assert 0.35 < sum(gaps) / len(gaps) < 0.65  # exponential gaps of mean 1 / rate = 0.5 s
+    assert fast[-1].arrival < slow[-1].arrival / 10
+
+
+def test_online_summary_percentiles_and_throughput():
+    from minisgl.benchmark.online import RequestResult, percentile, summarize
+
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0 and percentile([], 50) != percentile([], 50)  # NaN
+    ok = RequestResult(sent=0.0, first=0.1, last=1.1, prompt_tokens=8, output_tokens=11)  # 10 gaps of 0.1 s
+    failed = RequestResult(sent=0.0, error="HTTP 400: too long")
+    row = summarize(4.0, [ok, failed], seconds=2.0)
+    assert row[:5] == ["4", "1/2", "2.0", "6", "0.50"]  # 11 tokens / 2 s -> "6"
+    assert row[5] == "100 / 100 / 100" and row[6] == "100.0 / 100.0 / 100.0" and row[7] == "1.1 / 1.1 / 1.1"

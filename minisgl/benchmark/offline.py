@@ -152,20 +152,19 @@ def run_hf(args: argparse.Namespace, workload: OfflineWorkload) -> RunResult:
         max_new_tokens=max(workload.max_tokens), eos_token_id=None,  # None: EOS ignored, as ours
         pad_token_id=model.generation_config.pad_token_id,
     )
-    with torch.inference_mode():
-        manager = model.init_continuous_batching(generation_config=gen)
-        if hasattr(manager, "warmup") and not getattr(manager, "warmed_up", True):
-            manager.warmup()
-        manager.start()
-        try:
-            _hf_collect(manager, [workload.prompts[0][:32]] * 4, [16] * 4, None, "warmup")  # not timed
-            with tqdm(total=workload.output_tokens, desc="transformers (continuous batching)", unit="tok") as bar:
-                start = time.perf_counter()
-                tokens = _hf_collect(manager, workload.prompts, workload.max_tokens, bar, "bench")
-                synchronize(device)
-                seconds = time.perf_counter() - start
-        finally:
-            manager.stop(block=True)
+    # Not under torch.inference_mode(): the manager's generation thread updates, in place,
+    # tensors made here, and inference mode is per thread (transformers 5.17 fails on that)
+    manager = model.init_continuous_batching(generation_config=gen)
+    manager.start()
+    try:
+        _hf_collect(manager, [workload.prompts[0][:32]] * 4, [16] * 4, None, "warmup")  # not timed
+        with tqdm(total=workload.output_tokens, desc="transformers (continuous batching)", unit="tok") as bar:
+            start = time.perf_counter()
+            tokens = _hf_collect(manager, workload.prompts, workload.max_tokens, bar, "bench")
+            synchronize(device)
+            seconds = time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
     result = RunResult("transformers", f"generate_batch manager, {model.config._attn_implementation}",
                        tokens, seconds, _peak(device), "-")
     del manager, model
