@@ -8,6 +8,7 @@ import shutil
 import msgpack
 import pytest
 import torch
+import zmq
 
 from minisgl.core import SamplingParams
 from minisgl.message import (
@@ -150,6 +151,9 @@ def _child_sends(addr: str, n: int) -> None:
     for i in range(n):
         push.put(DetokenizeMsg(uid=i, next_token=i * 10, finished=i == n - 1))
     push.stop()
+    # a forked child ends with os._exit: terminate the context first, which waits until the
+    # I/O thread has sent everything queued (else the last messages are lost and the parent hangs)
+    zmq.Context.instance().term()
 
 
 def test_messages_cross_a_process_boundary(ipc_dir):

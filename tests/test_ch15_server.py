@@ -295,6 +295,16 @@ def test_a_killed_worker_makes_the_server_fail_fast(qwen3_path, tmp_path):
     assert not server.workers["minisgl-tokenizer"].is_running()
 
 
+def test_ctrl_c_stops_every_process_without_reporting_a_crash(qwen3_path, tmp_path):
+    """Regression: Ctrl-C reached the workers first, and the API server logged each one's
+    clean exit as a dead worker. Workers ignore SIGINT; the launcher stops them in order."""
+    server = Server(qwen3_path, tmp_path / "server.log").wait_ready()
+    workers = list(server.workers.values())
+    assert server.stop(signal.SIGINT, group=True) == 0
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    assert "died" not in server.log.read_text(), server.log.read_text()[-2000:]
+
+
 # ---- the shell, without processes ----------------------------------------------------------
 
 def test_the_shell_keeps_the_conversation_and_resets_it(monkeypatch, capsys):

@@ -7,9 +7,10 @@ tokenizer worker. Each worker reports on a queue once it is ready (the scheduler
 reports its context limit); the API opens only when all have. A worker that dies during
 start-up stops the launch with its name and exit code.
 
-Shutting down: Ctrl-C reaches every process of the terminal's process group, SIGTERM
-only this one; either way this process then terminates the workers it started, waits for
-them, and removes the launch's socket directory. Workers also ask the kernel to send them
+Shutting down: Ctrl-C reaches every process of the terminal's process group, but the
+workers ignore it; SIGTERM reaches only this one. Either way this process stops serving
+first, then terminates the workers it started, waits for them, and removes the launch's
+socket directory, so a worker that ends during shutdown is not mistaken for a crash. Workers also ask the kernel to send them
 SIGTERM if this process dies first (Linux ``PR_SET_PDEATHSIG``), so none is orphaned.
 Mirrors upstream ``minisgl.server.launch``.
 """
@@ -57,7 +58,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _become_worker() -> None:
-    """In a new worker: die with the parent, and treat SIGTERM like Ctrl-C (clean exit)."""
+    """In a new worker: die with the parent, ignore Ctrl-C (the parent stops it, in order),
+    and treat SIGTERM as the request for a clean exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -11,8 +11,8 @@ decoded once and whatever the stream has not sent yet is sent, so the concatenat
 everything sent equals ``tokenizer.decode(all ids)``.
 
 This is the scheme of vLLM's ``detokenize_incrementally``; upstream
-``minisgl.tokenizer.detokenize.DetokenizeManager`` uses the same offsets and additionally
-holds back partial words.
+``minisgl.tokenizer.detokenize.DetokenizeManager`` uses the same offsets and, while the
+decoded text ends in an incomplete character, sends it only up to the last space.
 """
 
 from __future__ import annotations
