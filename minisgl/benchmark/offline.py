@@ -3,6 +3,7 @@ Hugging Face ``transformers``' own continuous batching on the same requests.
 
     python -m minisgl.benchmark.offline --model models/qwen3-0.6b-shaped --hf
     python -m minisgl.benchmark.offline --matrix          # overlap on/off x radix/naive
+    python -m minisgl.benchmark.offline --tp 2            # two GPUs, tensor parallel (chapter 16)
     python -m minisgl.benchmark.offline --num-seqs 4 --input-len 4 16 --output-len 2 4   # a smoke run
 
 Each system runs the same requests (``workload.nano_vllm_workload``) after a warm-up that
@@ -101,6 +102,7 @@ def run_minisgl(args: argparse.Namespace, workload: OfflineWorkload, cache_type:
         max_running_req=args.max_running_req, max_extend_tokens=args.max_extend_tokens,
         max_seq_len_override=args.max_seq_len, memory_ratio=args.memory_ratio,
         attention_backend=args.attention_backend, cuda_graph_max_bs=args.cuda_graph_max_bs, cache_type=cache_type,
+        tp=args.tp,
     )
     t1 = time.perf_counter()
     startup = dict(llm.engine.startup_seconds)
@@ -113,9 +115,11 @@ def run_minisgl(args: argparse.Namespace, workload: OfflineWorkload, cache_type:
     results = []
     for overlap in overlaps:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-        reset_prefix_cache(llm)
+        if args.tp == 1:  # under TP one run only: the other ranks' caches cannot be reset from here
+            reset_prefix_cache(llm)
         variant = f"{'overlap' if overlap else 'no overlap'}, {cache_type}, {engine.attn_backend.__class__.__name__}"
         variant += f", graphs<={engine.graph_runner.max_graph_bs}" if engine.graph_runner.max_graph_bs else ", no graphs"
+        variant += f", tp={args.tp}" if args.tp > 1 else ""
         with tqdm(total=workload.output_tokens, desc=f"mini-sglang ({variant})", unit="tok") as bar:
             llm.progress = bar
             synchronize(device)
@@ -233,11 +237,14 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="0 disables CUDA graphs (default 256)")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one GPU each (chapter 16)")
     p.add_argument("--matrix", action="store_true", help="overlap on/off x radix/naive, four rows")
     p.add_argument("--hf", action="store_true", help="also run transformers' continuous batching")
     p.add_argument("--hf-only", action="store_true")
     p.add_argument("--hf-attn", default=None, help="attn_implementation for transformers (default: its choice)")
     args = p.parse_args(argv)
+    if args.tp > 1 and args.matrix:  # the other ranks cannot follow a switch of loop made in this one
+        p.error("--matrix runs one rank only; drop --tp or --matrix")
     device = torch.device(args.device) if args.device else default_device()
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if is_cuda(device) else "float32"))
     return args

@@ -23,6 +23,10 @@ class EngineConfig:
     ``num_page_override`` pages; ``kv_memory_cap`` bytes; on CUDA ``memory_ratio`` of the
     free memory (after loading weights); on the CPU ``DEFAULT_CPU_KV_MEMORY``.
 
+    Tensor parallelism (chapter 16): ``tp_info`` is this process's rank out of how many;
+    with more than one, every rank gets the same config but its own ``tp_info``, and they
+    meet at ``distributed_addr``.
+
     CUDA graphs (chapter 18, CUDA with a graph-capable attention backend only): the batch
     sizes ``cuda_graph_bs`` if given, else ``1, 2, 4, 8, 16, ...`` up to
     ``cuda_graph_max_bs`` (default 256, capped at ``max_running_req``); 0 disables them."""
@@ -33,6 +37,7 @@ class EngineConfig:
     device: str | None = None  # None: MINISGL_DEVICE, else CUDA when available, else CPU
     max_running_req: int = 256
     attention_backend: str = "auto"
+    moe_backend: str = "auto"  # MoE models (chapter 20): "torch", "fused" (Triton), "auto"
     page_size: int = 1
     memory_ratio: float = 0.9
     num_page_override: int | None = None
@@ -41,6 +46,10 @@ class EngineConfig:
     seed: int = 42
     cuda_graph_bs: Tuple[int, ...] | None = None
     cuda_graph_max_bs: int | None = None
+    # tensor parallelism (chapter 16): where the ranks meet (file:// or tcp://), and how
+    # long a collective waits for a rank that is still busy (first use compiles kernels)
+    distributed_addr: str = ""
+    distributed_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

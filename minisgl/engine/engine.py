@@ -16,8 +16,9 @@ import torch
 
 from minisgl.attention import ATTENTION_BACKENDS, create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
-from minisgl.distributed import set_tp_info
+from minisgl.distributed import destroy_distributed, init_distributed, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
+from minisgl.layers.shard import check_tp_size
 from minisgl.models import create_model, load_weight
 from minisgl.utils import align_up, div_even, init_logger, torch_dtype
 from minisgl.utils.device import (
@@ -54,6 +55,12 @@ class Engine:
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
         set_tp_info(config.tp_info.rank, config.tp_info.size)
+        mc = config.model_config
+        check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, config.tp_info.size)
+        # with several ranks: blocks until all have joined (chapter 16)
+        self.tp_cpu_group = init_distributed(
+            config.tp_info, self.device, config.distributed_addr, config.distributed_timeout
+        )
         torch.manual_seed(config.seed)
         self.stream = create_stream(self.device)
         set_stream(self.stream)
@@ -66,9 +73,14 @@ class Engine:
         # weights: build on the meta device (no memory), then swap in the loaded tensors
         with torch.device("meta"), torch_dtype(config.dtype):
             self.model = create_model(model_config)
-        self.model.load_state_dict(
-            dict(load_weight(config.model_path, self.device, self.dtype, model_config.num_kv_heads))
-        )
+        weights = load_weight(config.model_path, self.device, self.dtype, model_config.num_kv_heads)
+        if model_config.is_moe:  # chapter 20: stacked experts, and the backend that runs them
+            from minisgl.models.moe_weight import stack_experts
+            from minisgl.moe import create_moe_backend
+
+            weights = stack_experts(weights, model_config.num_experts)
+            self.ctx.moe_backend = create_moe_backend(config.moe_backend, self.device)
+        self.model.load_state_dict(dict(weights))
         synchronize(self.device)
         t_load = time.perf_counter()
 
@@ -96,7 +108,8 @@ class Engine:
 
         # CUDA graphs need CUDA and a backend that can be replayed (not the torch one)
         graph_bs: list[int] = []
-        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph:
+        moe_ok = not model_config.is_moe or self.ctx.moe_backend.supports_cuda_graph
+        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph and moe_ok:
             graph_bs = determine_graph_bs(config.cuda_graph_bs, config.cuda_graph_max_bs, config.max_running_req)
         self.graph_runner = GraphRunner(
             self.model, self.attn_backend, self.stream if is_cuda(self.device) else None,  # type: ignore[arg-type]
@@ -110,7 +123,7 @@ class Engine:
             "graph_capture": self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds,
             "total": t_end - t0,
         }
-        logger.info(f"engine ready on {self.device} in {t_end - t0:.1f} s")
+        logger.info_rank0(f"engine ready on {self.device} in {t_end - t0:.1f} s")
 
     def _pick_attention_backend(self) -> str:
         name = self.config.attention_backend
@@ -146,9 +159,14 @@ class Engine:
         else:
             num_pages = DEFAULT_CPU_KV_MEMORY // bytes_per_page
             how = f"the CPU default of {DEFAULT_CPU_KV_MEMORY / 2**20:.0f} MiB"
+        if self.tp_cpu_group is not None:
+            # every rank must schedule the same batches, so all get the smallest pool
+            agreed = torch.tensor([num_pages], dtype=torch.int64)
+            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group)
+            num_pages = int(agreed.item())
         if num_pages < 2:
             raise ValueError(f"not enough memory for the KV cache ({num_pages} pages from {how})")
-        logger.info(
+        logger.info_rank0(
             f"KV cache: {num_pages} pages x {cfg.page_size} tokens = {num_pages * cfg.page_size} tokens, "
             f"{num_pages * bytes_per_page / 2**20:.1f} MiB ({how})"
         )
@@ -178,3 +196,4 @@ class Engine:
         synchronize(self.device)
         self.graph_runner.destroy()
         set_global_ctx(None)
+        destroy_distributed()

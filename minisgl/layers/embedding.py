@@ -11,28 +11,28 @@ import torch.nn.functional as F
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
 from minisgl.kernel import embedding_gather
-from minisgl.utils import div_ceil
 
 from .base import BaseOP
+from .shard import vocab_range
 
 
 class VocabParallelEmbedding(BaseOP):
     """``ids: [T]`` -> ``[T, hidden]``. Each rank holds ``ceil(V / tp)`` rows of the table.
 
     A rank looks up the ids that fall in its slice, writes zeros for the others, and an
-    all-reduce adds the slices up: exactly one rank contributes each row. On one rank the
-    lookup is ``kernel.embedding_gather`` (a Triton kernel on CUDA, chapter 19).
+    all-reduce adds the slices up: exactly one rank contributes each row. When ``tp`` does
+    not divide ``V`` the last rank's block ends in zero rows that no id reaches (upstream
+    pads the same way). On one rank the lookup is ``kernel.embedding_gather`` (a Triton
+    kernel on CUDA, chapter 19).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         tp = get_tp_info()
         self.num_embeddings = num_embeddings
-        per_rank = div_ceil(num_embeddings, tp.size)
-        self._vocab_start = tp.rank * per_rank
-        self._vocab_end = min(self._vocab_start + per_rank, num_embeddings)
+        self._vocab_start, self._vocab_end, self.num_embeddings_tp = vocab_range(num_embeddings, tp.rank, tp.size)
         self._tp_size = tp.size
         self._comm = DistributedCommunicator()
-        self.weight = torch.empty(self._vocab_end - self._vocab_start, embedding_dim)
+        self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_size == 1:
@@ -59,7 +59,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         batch = get_global_ctx().batch
         if batch.is_prefill:
             x = x[batch.attn_metadata.get_last_indices(batch.padded_size)]
-        logits = F.linear(x, self.weight)
+        logits = F.linear(x, self.weight)  # [B, ceil(V / tp)]: equal on every rank
         if self._tp_size > 1:
-            logits = self._comm.all_gather(logits.T.contiguous()).T[:, : self.num_embeddings]
+            # gather along dim 0 (the collective's), then cut the padding rows' logits off;
+            # contiguous again, since FlashInfer's sampling kernels take only contiguous logits
+            logits = self._comm.all_gather(logits.T.contiguous()).T[:, : self.num_embeddings].contiguous()
         return logits

@@ -2,20 +2,25 @@
 
 ``LLM`` *is* a scheduler. It overrides only where messages come from (a list in memory)
 and where results go (a dict in memory), and reuses the main loop unchanged, so testing
-the offline interface tests the server's scheduling too. Mirrors upstream
+the offline interface tests the server's scheduling too. With ``tp > 1`` it drives the
+other tensor-parallel ranks as well (chapter 16). Mirrors upstream
 ``minisgl.llm.llm.LLM``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
 
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.layers.shard import check_tp_size
 from minisgl.message import BaseBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
+
+if TYPE_CHECKING:
+    from .tp import RankGroup
 
 Prompt = str | List[int]
 
@@ -34,16 +39,36 @@ class RequestStatus:
 
 
 class LLM(Scheduler):
-    """``LLM(model_path, dtype=torch.float32, device="cpu", **scheduler_options)``.
+    """``LLM(model_path, dtype=torch.float32, device="cpu", tp=1, **scheduler_options)``.
+
+    With ``tp > 1`` this process is rank 0 of a tensor-parallel group and spawns the other
+    ranks (``minisgl.llm.tp``, chapter 16); on CUDA rank ``r`` uses GPU ``r``. Call
+    ``shutdown()`` to stop them (they also die with this process).
 
     Raises:
         FileNotFoundError: when ``model_path`` holds no model (the message says how to get
             the book's default one).
+        ValueError: when the model's heads cannot be split over ``tp`` ranks.
     """
 
-    def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, **kwargs: Any) -> None:
+    def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs: Any) -> None:
         config = SchedulerConfig(model_path=str(model_path), dtype=dtype, offline_mode=True, **kwargs)
-        super().__init__(config)
+        self._ranks: RankGroup | None = None
+        if tp != 1:
+            from .tp import RankGroup
+
+            mc = config.model_config  # refuse a bad tp here, before starting any process
+            check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp)
+            self._ranks = RankGroup(config, tp)
+            config = self._ranks.config
+        try:
+            super().__init__(config)
+            if self._ranks is not None:
+                self._ranks.connect()
+        except BaseException:
+            if self._ranks is not None:
+                self._ranks.stop()
+            raise
         self.pending_requests: List[Tuple[torch.Tensor, SamplingParams]] = []
         self.status_map: Dict[int, RequestStatus] = {}
         self.counter = 0
@@ -66,6 +91,8 @@ class LLM(Scheduler):
             total_len += len(input_ids)
             self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), params.ignore_eos)
             msgs.append(UserMsg(uid=uid, input_ids=input_ids, sampling_params=params))
+        if self._ranks is not None:  # the other ranks must feed exactly the same, this very step
+            self._ranks.publish(msgs)
         return msgs
 
     def send_result(self, reply: List[DetokenizeMsg]) -> None:
@@ -107,6 +134,11 @@ class LLM(Scheduler):
             self.run_forever()
         except RequestAllFinished:
             pass
+        except RuntimeError as e:  # a collective failed: say which rank took it down
+            dead = self._ranks.dead_ranks(wait_s=1.0) if self._ranks is not None else []
+            if dead:
+                raise RuntimeError(f"tensor-parallel {'; '.join(dead)}: this LLM cannot continue") from e
+            raise
         self.run_when_idle()
         results = []
         for i in range(len(prompts)):
@@ -115,3 +147,10 @@ class LLM(Scheduler):
                 raise ValueError(status.error)
             results.append({"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids})
         return results
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (if any), then this engine."""
+        if self._ranks is not None:
+            self._ranks.stop()
+            self._ranks = None
+        super().shutdown()

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from minisgl.distributed import get_tp_info
-from minisgl.utils import div_ceil
+from minisgl.layers.shard import shard_column, shard_kv_heads, shard_row, shard_vocab
 
 # checkpoint suffix -> (merged suffix, position in the merge group, group size)
 _MERGE = {
@@ -37,23 +37,20 @@ _VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
 def shard_tensor(name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int) -> torch.Tensor:
     """This rank's slice of checkpoint tensor ``name`` (the whole tensor when ``size`` is 1).
 
-    Column-parallel weights are cut along dim 0, row-parallel along dim 1, vocabularies
-    in blocks of ``ceil(V / size)`` rows. When there are fewer KV heads than ranks, ranks
-    ``r`` with the same ``r * num_kv_heads // size`` share (replicate) one KV head.
+    Column-parallel weights are cut along dim 0 (KV heads replicated when there are fewer
+    than ranks), row-parallel along dim 1, vocabularies in zero-padded blocks of
+    ``ceil(V / size)`` rows; the cuts themselves live in ``minisgl.layers.shard``.
     """
     if size == 1:
         return tensor
+    if ".k_proj." in name or ".v_proj." in name:
+        return shard_kv_heads(tensor, rank, size, num_kv_heads)
     if any(s in name for s in _COLUMN_SPLIT):
-        if (".k_proj." in name or ".v_proj." in name) and num_kv_heads < size:
-            head_dim = tensor.shape[0] // num_kv_heads
-            head = rank * num_kv_heads // size
-            return tensor[head * head_dim : (head + 1) * head_dim].clone()
-        return tensor.chunk(size, dim=0)[rank].clone()
+        return shard_column(tensor, rank, size)
     if any(name.endswith(s) for s in _ROW_SPLIT):
-        return tensor.chunk(size, dim=1)[rank].clone()
+        return shard_row(tensor, rank, size)
     if any(s in name for s in _VOCAB_SPLIT):
-        per_rank = div_ceil(tensor.shape[0], size)
-        return tensor[rank * per_rank : (rank + 1) * per_rank].clone()
+        return shard_vocab(tensor, rank, size)
     return tensor
 
 

@@ -10,7 +10,11 @@ from typing import List
 
 import torch
 
+from minisgl.distributed import DistributedInfo
+from minisgl.layers.shard import check_tp_size
+from minisgl.models import ModelConfig
 from minisgl.scheduler import SchedulerConfig
+from minisgl.utils import cached_load_hf_config
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,11 @@ def _device_of(name: str | None) -> str:
 
 
 def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
-    """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--shell] ...``.
+    """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--tp N] [--shell] ...``.
 
     ``--dtype auto`` is bfloat16 on CUDA and float32 on the CPU (where bfloat16 matmuls
-    are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input.
+    are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input,
+    including a ``--tp`` the model's heads cannot be split over.
     """
     p = argparse.ArgumentParser(prog="python -m minisgl", description="mini-sglang: an OpenAI-compatible server")
     p.add_argument("--model", "--model-path", dest="model_path", required=True, help="local Hugging Face folder")
@@ -64,13 +69,25 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument("--page-size", type=int, default=ServerArgs.page_size)
     p.add_argument("--memory-ratio", type=float, default=ServerArgs.memory_ratio)
     p.add_argument("--attention-backend", "--attn", default=ServerArgs.attention_backend)
+    p.add_argument("--moe-backend", default=ServerArgs.moe_backend, help="MoE models: torch, fused or auto (chapter 20)")
     p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
     p.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
+                   help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
     ns = vars(p.parse_args(argv))
+    tp_size = ns.pop("tp_size")
+    if tp_size != 1:  # refuse a rank count the heads cannot be split over, before any process starts
+        try:
+            mc = ModelConfig.from_hf(cached_load_hf_config(ns["model_path"]))
+            check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp_size)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
     device = _device_of(ns.pop("device"))
     dtype = ns.pop("dtype")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"
     if ns["shell"]:
         ns["max_running_req"] = min(ns["max_running_req"], 4)  # one user: keep the pool small
-    return ServerArgs(**ns, device=device, dtype=_DTYPES[dtype], ipc_dir=ipc_dir)
+    # the ranks meet at a file in the launch's private directory: no port to pick or collide on
+    return ServerArgs(**ns, device=device, dtype=_DTYPES[dtype], ipc_dir=ipc_dir,
+                      tp_info=DistributedInfo(0, tp_size), distributed_addr=f"file://{ipc_dir}/distributed")

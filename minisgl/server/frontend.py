@@ -8,7 +8,8 @@ worker and the scheduler forget it and free its KV pages and table row.
 The workers are watched without polling: a process's ``sentinel`` is a file descriptor
 that becomes readable when the process ends, so the event loop calls ``_worker_died`` the
 moment one does. From then on every open request gets an error reply, new ones are
-refused with 503, and the log names the dead process. Mirrors upstream
+refused with 503, and the log names the dead process. Under tensor parallelism the other
+scheduler ranks are stopped too: they cannot go on without their peer. Mirrors upstream
 ``minisgl.server.api_server.FrontendManager``.
 """
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 logger = init_logger("minisgl.server.frontend")
 STATS_TIMEOUT_S = 10.0
+PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died
 
 
 class FrontendManager:
@@ -79,14 +81,27 @@ class FrontendManager:
         if self.stopping:
             return
         worker.process.join(timeout=0)
+        if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
+            logger.info(f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})")
+            return
         reason = f"worker process {worker.describe()} died (exit code {worker.process.exitcode})"
         logger.error(f"{reason}: failing {len(self.queues)} open request(s); restart the server")
-        self.dead = self.dead or reason
+        self.dead = reason
         for uid, q in self.queues.items():
             q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
         for fut in self.stats_waiters.values():
             if not fut.done():
                 fut.set_exception(APIError(503, reason, kind="server_error"))
+        # Tensor parallelism (chapter 16): the other ranks cannot run a step without this one,
+        # and may be blocked in a collective waiting for it. SIGTERM (a clean exit) first;
+        # SIGKILL for one stuck inside a collective, where Python's handler never runs.
+        for w in self.workers:
+            if w is not worker and w.name.startswith("minisgl-scheduler-") and w.process.exitcode is None:
+                logger.error(f"stopping {w.describe()}: its tensor-parallel peer is gone")
+                w.process.terminate()
+                asyncio.get_running_loop().call_later(
+                    PEER_STOP_TIMEOUT_S, lambda p=w.process: p.exitcode is None and p.kill()
+                )
 
     # ---- requests -----------------------------------------------------------------------
     def check_alive(self) -> None:

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from minisgl.distributed import get_tp_info
-from minisgl.utils import div_ceil
+from minisgl.layers.shard import shard_column, shard_kv_heads, shard_row, shard_vocab
 
 # checkpoint suffix -> (merged suffix, position in the merge group, group size)
 _MERGE = {
@@ -37,9 +37,9 @@ _VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
 def shard_tensor(name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int) -> torch.Tensor:
     """This rank's slice of checkpoint tensor ``name`` (the whole tensor when ``size`` is 1).
 
-    Column-parallel weights are cut along dim 0, row-parallel along dim 1, vocabularies
-    in blocks of ``ceil(V / size)`` rows. When there are fewer KV heads than ranks, ranks
-    ``r`` with the same ``r * num_kv_heads // size`` share (replicate) one KV head.
+    Column-parallel weights are cut along dim 0 (KV heads replicated when there are fewer
+    than ranks), row-parallel along dim 1, vocabularies in zero-padded blocks of
+    ``ceil(V / size)`` rows; the cuts themselves live in ``minisgl.layers.shard``.
     """
     raise NotImplementedError("Exercise 131: implement shard_tensor")
 

@@ -187,10 +187,12 @@ def test_row_parallel_shards_cut_the_input_dim(name):
 
 @pytest.mark.parametrize("name", ["model.embed_tokens.weight", "lm_head.weight"])
 def test_vocab_shards_are_blocks_of_ceil_v_over_size(name):
-    table = torch.arange(10 * 3, dtype=torch.float32).view(10, 3)
+    table = torch.arange(10 * 3, dtype=torch.float32).view(10, 3) + 1
     for rank, (lo, hi) in enumerate([(0, 3), (3, 6), (6, 9), (9, 10)]):
-        assert_same(shard_tensor(name, table, rank, 4, 4), table[lo:hi],
-                    f"{name}, V=10, rank {rank} of 4 (rows {lo}..{hi - 1})")
+        # every rank gets 3 rows: the last rank's real row 9, then 2 zero rows of padding
+        want = torch.cat([table[lo:hi], torch.zeros(3 - (hi - lo), 3)])
+        assert_same(shard_tensor(name, table, rank, 4, 4), want,
+                    f"{name}, V=10, rank {rank} of 4 (rows {lo}..{hi - 1}, zero-padded to 3)")
 
 
 def test_replicated_tensors_stay_whole():
@@ -215,7 +217,7 @@ def test_kv_heads_are_replicated_when_fewer_than_ranks():
 
 @pytest.mark.parametrize("name", ["x.q_proj.weight", "x.o_proj.weight", "lm_head.weight", "x.k_proj.weight"])
 def test_a_shard_owns_its_memory(name):
-    big = torch.randn(8, 6)
+    big = torch.randn(8, 8)  # both dims split 4 ways
     shard = shard_tensor(name, big, 1, 4, 1)
     held = shard.untyped_storage().nbytes()
     assert held == shard.numel() * shard.element_size(), (
