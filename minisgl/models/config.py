@@ -1,13 +1,15 @@
 """The handful of numbers the engine needs from a Hugging Face ``config.json``.
 
 Mirrors upstream ``minisgl.models.config``. Works with transformers 4.x (``rope_theta``,
-``rope_scaling``) and 5.x (``rope_parameters``).
+``rope_scaling``) and 5.x (``rope_parameters``). The MoE fields (chapter 20) are 0/empty
+for a dense model; a checkpoint names its expert count ``num_experts`` (the hub's
+Qwen3-MoE files) or ``num_local_experts`` (what transformers 5 writes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from transformers import PretrainedConfig
 
@@ -37,6 +39,26 @@ class ModelConfig:
     rotary_config: RotaryConfig
     architectures: List[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
     model_type: str = "llama"
+    # mixture of experts (chapter 20): E experts of width moe_intermediate_size, top-k per token
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: Tuple[int, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id``'s MLP is the MoE block (Qwen3-MoE's rule; all layers of
+        Qwen3-30B-A3B) rather than a dense ``intermediate_size`` MLP."""
+        return (
+            self.is_moe
+            and layer_id not in self.mlp_only_layers
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_hf(cls, config: PretrainedConfig) -> "ModelConfig":
@@ -73,4 +95,10 @@ class ModelConfig:
             ),
             architectures=list(getattr(config, "architectures", None) or ["LlamaForCausalLM"]),
             model_type=model_type,
+            num_experts=int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0),
+            num_experts_per_tok=int(getattr(config, "num_experts_per_tok", None) or 0),
+            moe_intermediate_size=int(getattr(config, "moe_intermediate_size", None) or 0),
+            norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
+            decoder_sparse_step=int(getattr(config, "decoder_sparse_step", None) or 1),
+            mlp_only_layers=tuple(getattr(config, "mlp_only_layers", None) or ()),
         )

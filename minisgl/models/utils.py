@@ -8,6 +8,8 @@ Mirrors upstream ``minisgl.models.utils``.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minisgl.core import get_global_ctx
@@ -69,9 +71,9 @@ class DecoderLayer(BaseOP):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the residual
     stream is carried separately so each add fuses with the next norm."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, has_qk_norm: bool) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, has_qk_norm: bool, mlp: BaseOP) -> None:
         self.self_attn = RopeAttn(config, layer_id, has_qk_norm)
-        self.mlp = GatedMLP(config)
+        self.mlp = mlp
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
@@ -85,11 +87,17 @@ class DecoderLayer(BaseOP):
 
 
 class DecoderModel(BaseOP):
-    """Embedding, the layer stack and the final norm: ``ids: [T]`` -> hidden ``[T, hidden]``."""
+    """Embedding, the layer stack and the final norm: ``ids: [T]`` -> hidden ``[T, hidden]``.
 
-    def __init__(self, config: ModelConfig, has_qk_norm: bool) -> None:
+    ``make_mlp(config, layer_id)`` builds each layer's MLP (``CausalLM.make_mlp``)."""
+
+    def __init__(
+        self, config: ModelConfig, has_qk_norm: bool, make_mlp: Callable[[ModelConfig, int], BaseOP]
+    ) -> None:
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = OPList([DecoderLayer(config, i, has_qk_norm) for i in range(config.num_layers)])
+        self.layers = OPList(
+            [DecoderLayer(config, i, has_qk_norm, make_mlp(config, i)) for i in range(config.num_layers)]
+        )
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -106,8 +114,12 @@ class CausalLM(BaseLLMModel):
 
     def __init__(self, config: ModelConfig) -> None:
         self.tie_word_embeddings = config.tie_word_embeddings
-        self.model = DecoderModel(config, self.has_qk_norm)
+        self.model = DecoderModel(config, self.has_qk_norm, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+
+    def make_mlp(self, config: ModelConfig, layer_id: int) -> BaseOP:
+        """Layer ``layer_id``'s MLP: the dense SwiGLU (chapter 20's MoE model overrides this)."""
+        return GatedMLP(config)
 
     def forward(self) -> torch.Tensor:
         hidden = self.model.forward(get_global_ctx().batch.input_ids)

@@ -16,6 +16,7 @@ import torch
 
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend
+    from minisgl.moe import BaseMoeBackend
     from minisgl.kvcache import BaseCacheHandle, BaseKVCachePool
 
 
@@ -159,6 +160,7 @@ class Context:
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)
+    moe_backend: BaseMoeBackend = field(init=False)  # MoE models only (chapter 20)
     _batch: Batch | None = field(default=None, init=False)
 
     @property
