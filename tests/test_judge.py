@@ -247,6 +247,63 @@ def test_check_fails_when_the_starter_passes(toy):
     assert out.returncode == 1 and "starter is accepted but must fail" in out.stdout
 
 
+GPU_OWN_TESTS = """\
+import os
+
+import pytest
+
+from minisgl.toy import add
+
+ON_CUDA = os.environ.get("MINISGL_DEVICE") == "cuda"
+
+
+def test_add_on_the_cpu():
+    assert add(2, 2) == 4
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="needs CUDA")
+def test_add_on_the_gpu():
+    assert add(3, 3) == 6
+"""
+
+
+@pytest.fixture
+def toy_gpu(toy: Path) -> Path:
+    """Exercise 902: ``gpu: true``, one CPU case and one CUDA-only case."""
+    ex = toy / "practice" / "exercises" / "902_toy_gpu"
+    ex.mkdir()
+    (ex / "problem.md").write_text(PROBLEM.replace("id: 901", "id: 902").replace("gpu: false", "gpu: true")
+                                   .replace("Toy: add", "Toy: add on a GPU"))
+    (ex / "starter.py").write_text(STARTER.replace("Exercise 901", "Exercise 902"))
+    (ex / "test_toy_gpu.py").write_text(GPU_OWN_TESTS)
+    return toy
+
+
+def test_check_without_cuda_only_partly_checks_a_gpu_exercise(toy_gpu):
+    out = judge(toy_gpu, "check", "902", "--device", "cpu")
+    assert out.returncode == 0, out.stdout
+    assert "✓ sound" not in out.stdout, out.stdout  # never claimed
+    assert "partly checked, NOT judged" in out.stdout and "check 902` on a CUDA GPU" in out.stdout
+    assert "(1 GPU cases skipped)" in out.stdout  # its CPU case ran, engine and starter
+    assert "checked 0, failed 0 , partly checked without a GPU (not judged) [902]" in out.stdout
+    ex = toy_gpu / "practice" / "exercises" / "902_toy_gpu"
+    (ex / "starter.py").write_text(STARTER.replace("Exercise 901", "Exercise 902").replace("by: int = 1", "by: int = 2"))
+    out = judge(toy_gpu, "check", "902", "--device", "cpu")
+    assert out.returncode == 1 and "Counter.bump: signature differs" in out.stdout  # static checks still bite
+    (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 902: add")\n')
+    out = judge(toy_gpu, "check", "902", "--device", "cpu")
+    assert out.returncode == 1 and "starter is accepted but must fail" in out.stdout  # so do the CPU cases
+
+
+def test_a_gpu_exercise_on_the_cpu_is_refused_or_previewed(toy_gpu):
+    (toy_gpu / "mine.py").write_text(TOY)
+    out = judge(toy_gpu, "902", "--file", str(toy_gpu / "mine.py"), "--device", "cpu")
+    assert out.returncode == 2 and "needs a CUDA GPU" in out.stdout and "--quick --device cpu" in out.stdout
+    out = judge(toy_gpu, "902", "--file", str(toy_gpu / "mine.py"), "--device", "cpu", "--quick")
+    assert "Verdict: Accepted · 1 / 1 cases (1 skipped)" in out.stdout, out.stdout
+    assert "CPU preview only: 1 GPU cases were skipped" in out.stdout
+
+
 def test_doctor_runs(toy):
     out = judge(toy, "doctor", timeout=120)
     assert out.returncode == 0 and "Python" in out.stdout and "901" in out.stdout

@@ -6,18 +6,21 @@ Endpoints: ``POST /generate`` (upstream's native one), ``POST /v1/completions`` 
 
 Every request waits for its first reply before answering, so a refused request (a prompt
 longer than the context: the scheduler's error reply) still gets a 400 and not a stream
-that starts and breaks. Streams are Server-Sent Events: ``data: {json}`` per chunk, then
-``data: [DONE]``. A client that goes away, while waiting or while streaming, aborts its
-request. Mirrors upstream ``minisgl.server.api_server``.
+that starts and breaks. Streams are Server-Sent Events (``sse_stream``): ``data: {json}``
+per chunk, then ``data: [DONE]``; each endpoint says what its chunks hold
+(``generate_chunks``, ``completion_chunks``, ``chat_chunks``). A client that goes away,
+while waiting or while streaming, aborts its request. Mirrors upstream
+``minisgl.server.api_server``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from contextlib import aclosing, asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, TypeVar
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -81,18 +84,86 @@ async def parse_body(request: Request, model: type[M]) -> M:
 
 
 def _usage(reply: UserReply) -> Dict[str, int]:
+    """OpenAI's ``usage`` object from the counts a finished reply carries (tokens)."""
     n_in, n_out = reply.num_prompt_tokens, reply.num_output_tokens
     return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
 
 
 def _sse(payload: Dict[str, Any] | str) -> bytes:
+    """One Server-Sent Event: ``data: <JSON of payload, or the string as is>`` and a blank line."""
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+
+
+def generate_chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/generate`` stream payloads: ``{"text": delta}``; the last one adds
+    ``finish_reason`` and ``usage``. A reply with no new text and not finished sends nothing."""
+    extra = {"finish_reason": reply.finish_reason, "usage": _usage(reply)} if reply.finished else {}
+    return [{"text": reply.incremental_output, **extra}] if reply.incremental_output or reply.finished else []
+
+
+def completion_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/v1/completions`` stream payloads: ``head`` (id, object, created, model) and one
+    choice with the new ``text``; ``finish_reason`` is None until the last one."""
+    if not (reply.incremental_output or reply.finished):
+        return []
+    choice = {"index": 0, "text": reply.incremental_output, "logprobs": None, "finish_reason": reply.finish_reason}
+    return [{**head, "choices": [choice]}]
+
+
+def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/v1/chat/completions`` stream payloads, as OpenAI sends them: first a delta with
+    ``role`` (and empty content), then a delta per new text, then an empty delta with the
+    ``finish_reason``."""
+    out = []
+    if is_first:
+        out.append({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "finish_reason": None}]})
+    if reply.incremental_output:
+        out.append({**head, "choices": [{"index": 0, "delta": {"content": reply.incremental_output},
+                                         "finish_reason": None}]})
+    if reply.finished:
+        out.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
+    return out
+
+
+def usage_chunk(head: Dict[str, Any], reply: UserReply) -> Dict[str, Any]:
+    """The extra last chunk of ``stream_options={"include_usage": true}``: no choices, the usage."""
+    return {**head, "choices": [], "usage": _usage(reply)}
+
+
+async def sse_stream(
+    first: UserReply, replies: AsyncGenerator[UserReply, None], chunker: Chunker,
+    usage: Callable[[UserReply], Dict[str, Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The Server-Sent Events of one streamed answer, from its ``first`` reply (already
+    received) and the ``replies`` still to come.
+
+    Each reply becomes the events of ``chunker(reply, is_first)``; after the finished one,
+    ``usage(last_reply)`` when the client asked for usage, then ``data: [DONE]``. A reply
+    with ``error`` (a worker died mid-stream) ends the stream with an error event and no
+    ``[DONE]``. ``replies`` is closed however the stream ends: closing it early (the client
+    left, so the response is cancelled) aborts the request.
+    """
+    async with aclosing(replies):
+        reply, is_first = first, True
+        while True:
+            if reply.error is not None:
+                yield _sse({"error": {"message": reply.error, "type": "server_error", "code": 503}})
+                return
+            for payload in chunker(reply, is_first):
+                yield _sse(payload)
+            if reply.finished:
+                break
+            reply, is_first = await anext(replies), False
+        if usage is not None:
+            yield _sse(usage(reply))
+        yield _sse("[DONE]")
 
 
 async def _answer(
     fm: FrontendManager, request: Request, text: str | List[Dict[str, str]], req: Any,
     default_max_tokens: int, chunker: Chunker, final: Callable[[str, UserReply], Dict[str, Any]],
-    usage_chunk: Callable[[UserReply], Dict[str, Any]] | None,
+    usage: Callable[[UserReply], Dict[str, Any]] | None,
 ) -> Response:
     """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
     (``final(text, last_reply)``)."""
@@ -125,23 +196,7 @@ async def _answer(
             raise APIError(503, last.error, kind="server_error")
         return JSONResponse(final(text_out, last))
 
-    async def stream() -> AsyncIterator[bytes]:
-        async with aclosing(replies):  # leaving early (client gone: cancelled) aborts
-            reply, is_first = first, True
-            while True:
-                if reply.error is not None:
-                    yield _sse({"error": {"message": reply.error, "type": "server_error", "code": 503}})
-                    return
-                for payload in chunker(reply, is_first):
-                    yield _sse(payload)
-                if reply.finished:
-                    break
-                reply, is_first = await anext(replies), False
-            if usage_chunk is not None:
-                yield _sse(usage_chunk(reply))
-            yield _sse("[DONE]")
-
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(sse_stream(first, replies, chunker, usage), media_type="text/event-stream")
 
 
 def create_app(fm: FrontendManager) -> FastAPI:
@@ -187,11 +242,7 @@ def create_app(fm: FrontendManager) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         req = await parse_body(request, GenerateRequest)
-        def chunk(r: UserReply, _: bool) -> List[Dict[str, Any]]:
-            extra = {"finish_reason": r.finish_reason, "usage": _usage(r)} if r.finished else {}
-            return [{"text": r.incremental_output, **extra}] if r.incremental_output or r.finished else []
-
-        return await _answer(fm, request, req.prompt, req, 128, chunk,
+        return await _answer(fm, request, req.prompt, req, 128, generate_chunks,
                              lambda text, r: {"text": text, "finish_reason": r.finish_reason, "usage": _usage(r)}, None)
 
     @app.post("/v1/completions")
@@ -200,18 +251,12 @@ def create_app(fm: FrontendManager) -> FastAPI:
         check_model(req.model)
         h = head("text_completion", "cmpl")
 
-        def chunk(r: UserReply, _: bool) -> List[Dict[str, Any]]:
-            if not (r.incremental_output or r.finished):
-                return []
-            choice = {"index": 0, "text": r.incremental_output, "logprobs": None, "finish_reason": r.finish_reason}
-            return [{**h, "choices": [choice]}]
-
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
             return {**h, "choices": [choice], "usage": _usage(r)}
 
-        usage = (lambda r: {**h, "choices": [], "usage": _usage(r)}) if req.include_usage else None
-        return await _answer(fm, request, req.prompt, req, 16, chunk, final, usage)
+        usage = functools.partial(usage_chunk, h) if req.include_usage else None
+        return await _answer(fm, request, req.prompt, req, 16, functools.partial(completion_chunks, h), final, usage)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -221,25 +266,14 @@ def create_app(fm: FrontendManager) -> FastAPI:
         if req.max_tokens is None and req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
 
-        def chunk(r: UserReply, is_first: bool) -> List[Dict[str, Any]]:
-            out = []
-            if is_first:
-                out.append({**h, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                              "finish_reason": None}]})
-            if r.incremental_output:
-                out.append({**h, "choices": [{"index": 0, "delta": {"content": r.incremental_output},
-                                              "finish_reason": None}]})
-            if r.finished:
-                out.append({**h, "choices": [{"index": 0, "delta": {}, "finish_reason": r.finish_reason}]})
-            return out
-
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             message = {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
             return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
 
-        usage = (lambda r: {**h, "choices": [], "usage": _usage(r)}) if req.include_usage else None
-        return await _answer(fm, request, req.chat(), req, fm.max_seq_len - 1, chunk, final, usage)
+        usage = functools.partial(usage_chunk, h) if req.include_usage else None
+        return await _answer(fm, request, req.chat(), req, fm.max_seq_len - 1, functools.partial(chat_chunks, h),
+                             final, usage)
 
     return app
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import problems as P
-from .judging import Options, cannot_judge, judge_file, read_status, rel, write_status
+from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, read_status, rel, write_status
 from .signatures import locate
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2]
@@ -90,10 +90,15 @@ def cmd_test(root: Path, args) -> int:
         print(f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}")
         return 2
     why = cannot_judge(root, problem, args.device)
-    if why:
-        print(f"cannot judge {args.id} on this machine: {why}")
+    preview = why == NEEDS_GPU and args.quick
+    if why and not preview:
+        more = f"; `judge.py {args.id} --quick --device cpu` runs its CPU tests as a preview" if why == NEEDS_GPU else ""
+        print(f"cannot judge {args.id} on this machine: {why}{more}")
         return 2
-    v = judge_file(root, problem, file, Options(args.device, args.time_limit, args.keep, quick=args.quick))
+    device = "cpu" if preview else args.device
+    v = judge_file(root, problem, file, Options(device, args.time_limit, args.keep, quick=args.quick))
+    if preview:
+        print(f"CPU preview only: {v.skipped} GPU cases were skipped. Exercise {args.id} is judged on a CUDA GPU.")
     if args.file is None:
         write_status(root, problem.id, "accepted" if v.accepted and not args.quick else "started", f"{v.passed}/{v.total}")
     return 0 if v.accepted else 1

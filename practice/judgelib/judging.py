@@ -21,6 +21,7 @@ class Options:
     keep: bool = False  # keep the sandbox for debugging
     quiet: bool = False  # no per-case lines (used by `check`)
     quick: bool = False  # only the exercise's own tests, not the chapter tests
+    first_failure: bool = False  # stop at the first case that does not pass (`check` of a wrong answer)
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
@@ -47,8 +48,12 @@ def cuda_available() -> bool:
         return False
 
 
+NEEDS_GPU = "this exercise needs a CUDA GPU"
+
+
 def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optional[str]:
-    """Why this machine cannot judge the exercise, or None."""
+    """Why this machine cannot judge the exercise, or None (``NEEDS_GPU`` when only a GPU is
+    missing: its CPU tests can still run as a preview, never as a verdict)."""
     missing = [r for r in problem.requires if not (root / r).exists()]
     if missing:
         return f"missing {', '.join(missing)} (see the README: make models)"
@@ -56,7 +61,7 @@ def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optiona
         return f"the engine module {problem.module} is not in this checkout"
     if problem.gpu:
         if device == "cpu" or (device is None and not cuda_available()):
-            return "this exercise needs a CUDA GPU"
+            return NEEDS_GPU
     return None
 
 
@@ -114,7 +119,8 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             elif ev.get("ev") == "result":
                 say(case_line(ev["case"], ev["outcome"], ev.get("duration", 0.0), width))
 
-        res = runner.run(box, targets, env, time_limit, problem.total_time_limit, on_event)
+        res = runner.run(box, targets, env, time_limit, problem.total_time_limit, on_event,
+                         extra=["-x"] if opts.first_failure else None)
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
             raise RuntimeError(f"the tests imported {res.module_file}, not the sandbox copy; "
                                "is minisgl installed somewhere that shadows PYTHONPATH?")

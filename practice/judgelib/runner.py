@@ -77,7 +77,10 @@ def child_env(box: Path, device: Optional[str], module_name: str, events: Path,
     env.update(
         JUDGE_EVENTS=str(events),
         JUDGE_MODULE=module_name,
-        PYTHONPATH=str(box),
+        # the sandbox first; what was on the path stays after it (packages installed with
+        # --target on a GPU machine, say), except folders with their own minisgl/
+        PYTHONPATH=os.pathsep.join([str(box)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                 if p and not (Path(p) / "minisgl").is_dir()]),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
         TMPDIR=str(box / "tmp"),
@@ -113,8 +116,10 @@ def pytest_command(box: Path, targets: List[str], extra: Optional[List[str]] = N
 
 
 def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
-        total_limit: float, on_event=None, setup_limit: Optional[float] = None) -> RunResult:
-    """Run the targets; ``on_event(event)`` is called for each event as it arrives.
+        total_limit: float, on_event=None, setup_limit: Optional[float] = None,
+        extra: Optional[List[str]] = None) -> RunResult:
+    """Run the targets; ``on_event(event)`` is called for each event as it arrives;
+    ``extra``: more pytest arguments (``-x``).
 
     A case's body and teardown get ``time_limit`` seconds; its fixture setup (loading a
     model, say) gets ``setup_limit`` (default: the total limit), since that is not the
@@ -127,7 +132,7 @@ def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
     res = RunResult()
     by_id: Dict[str, Case] = {}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(pytest_command(box, targets), cwd=box, env=env, stdout=out,
+        proc = subprocess.Popen(pytest_command(box, targets, extra), cwd=box, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=_limit_child)
     t0 = time.monotonic()

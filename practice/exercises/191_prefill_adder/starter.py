@@ -42,7 +42,7 @@ class PrefillAdder:
 
     ``token_budget``: prompt tokens this step may still compute. ``reserved_size``: KV
     tokens already promised, starting with what the decoding requests may still need;
-    each admitted request adds its own remaining prompt and output.
+    each admitted request adds its own remaining prompt and output, plus ``P - 1``.
     """
 
     token_budget: int

@@ -1,7 +1,8 @@
 """Exercise 191: PrefillAdder admission control and chunked prefill, and the FCFS queue.
 
 Everything runs on the real CacheManager / TableManager / DecodeManager with a few dozen
-KV slots, on ``MINISGL_DEVICE`` (the CPU by default). Sizes are in tokens; page size 1.
+KV slots, on ``MINISGL_DEVICE`` (the CPU by default). Sizes are in tokens; page size 1
+unless a test says otherwise.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ ROWS, MAX_LEN = 4, 64
 class Setup:
     """A KV cache of ``num_pages`` one-token pages and a request table of ``rows`` rows."""
 
-    def __init__(self, num_pages: int = 32, rows: int = ROWS, cache: str = "radix") -> None:
+    def __init__(self, num_pages: int = 32, rows: int = ROWS, cache: str = "radix", page_size: int = 1) -> None:
         self.page_table = torch.zeros(rows + 1, MAX_LEN, dtype=torch.int32, device=DEVICE)
-        self.cache = CacheManager(num_pages=num_pages, page_size=1, page_table=self.page_table, type=cache)
+        self.cache = CacheManager(num_pages=num_pages, page_size=page_size, page_table=self.page_table, type=cache)
         self.table = TableManager(rows, self.page_table)
 
     def adder(self, token_budget: int = 1000, reserved_size: int = 0) -> PrefillAdder:
@@ -97,6 +98,23 @@ def test_reservations_add_up_within_one_step():
     second = adder.try_add_one(pending(1, 8, 7))
     assert second is None, ("the first request reserved 20 of 32 KV tokens, the second needs 15: "
                             "pages are only allocated later, so each admission must add to reserved_size")
+
+
+def test_each_admission_reserves_a_page_of_slack():
+    # pages of 4 tokens, 2 pages: each one-token request with max_tokens=1 needs 2 KV tokens
+    # but occupies a whole page, so only two of them can run at once
+    s = Setup(num_pages=2, page_size=4)
+    adder = s.adder()
+    first = adder.try_add_one(pending(0, 1, 1))
+    assert first is not None
+    assert adder.reserved_size == 1 + 1 + 3, (
+        f"reserved_size must grow by prompt 1 + max_tokens 1 + (page_size - 1) = 5, got {adder.reserved_size}")
+    assert adder.try_add_one(pending(1, 1, 1)) is not None, "a second request fits in the second page"
+    third = adder.try_add_one(pending(2, 1, 1))
+    assert third is None, ("admitted a third request into a pool of 2 pages: each request takes a whole page "
+                           "of 4 slots, but only 2 + 2 + 2 = 6 of 8 tokens were counted; reserve page_size - 1 "
+                           "more per admitted request")
+    s.cache.allocate_paged([first])  # pages are allocated after scheduling: both must still be there
 
 
 def test_refuses_when_no_table_row_is_free():

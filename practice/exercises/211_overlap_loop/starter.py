@@ -1,0 +1,258 @@
+"""The scheduler: four managers and a loop that turns a queue of requests into batches.
+
+Each iteration receives messages, picks a batch (prefill first, decode otherwise),
+prepares it, runs the engine and handles the results of the batch before. The batch's
+input ids are gathered from the token pool on the device and each sampled token is
+written back there, so the CPU never has to know a token before the next step runs.
+Mirrors upstream ``minisgl.scheduler.scheduler.Scheduler``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, NamedTuple, NoReturn, Set, Tuple, TypeAlias
+
+import torch
+
+from minisgl.core import Batch, Req
+from minisgl.env import ENV
+from minisgl.message import (
+    AbortBackendMsg,
+    BaseBackendMsg,
+    BatchBackendMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    UserMsg,
+)
+from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
+from minisgl.utils.device import create_stream, pin, set_stream, stream_ctx, synchronize
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .io import SchedulerIOMixin
+from .prefill import ChunkedReq, PrefillManager
+from .table import TableManager
+
+if TYPE_CHECKING:
+    from minisgl.engine import BatchSamplingArgs, ForwardOutput
+
+logger = init_logger(__name__)
+
+Indice2D: TypeAlias = Tuple[torch.Tensor, torch.Tensor]  # (rows [N] int64, columns [N] int64)
+
+
+class ForwardInput(NamedTuple):
+    batch: Batch
+    sample_args: BatchSamplingArgs
+    input_tuple: Indice2D  # (row, position) of every input token in the token pool
+    write_tuple: Indice2D  # (row, device_len) where each sampled token goes; column -1: nowhere
+
+
+ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
+
+
+class Scheduler(SchedulerIOMixin):
+    """Runs requests to completion. Where messages come from and where results go
+    (``receive_msg``, ``send_result``) is not its business: the offline ``LLM`` overrides
+    them in memory, and when serving ``SchedulerIOMixin`` speaks ZMQ (chapter 14)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        from minisgl.engine import Engine
+
+        self.engine = Engine(config)
+        self.config = config
+        self.device = self.engine.device
+        # metadata is prepared on this stream while the engine computes on its own (ch. 11)
+        self.stream = create_stream(self.device)
+        self.engine_stream_ctx = stream_ctx(self.engine.stream)
+        set_stream(self.stream)
+
+        self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
+        self.cache_manager = CacheManager(
+            self.engine.num_pages, config.page_size, self.engine.page_table, config.cache_type
+        )
+        self.decode_manager = DecodeManager(config.page_size)
+        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
+
+        self.finished_reqs: Set[Req] = set()
+        # under overlap, a freed row is reused only once no in-flight batch can touch it
+        self._defer_slot_free = False
+        self._deferred_slots: List[int] = []
+        self._in_flight: Batch | None = None  # under overlap: the batch launched, not yet handled
+        self.tokenizer = load_tokenizer(config.model_path)
+        self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
+        self.token_pool = self.table_manager.token_pool
+        self.prefill_budget = config.max_extend_tokens
+        super().__init__(config)  # the I/O: sockets when serving, nothing offline
+
+    # ---- the loops ----------------------------------------------------------------------
+    def normal_loop(self) -> None:
+        """Receive, schedule, forward, then handle this batch's results: CPU and device
+        take turns."""
+        self._defer_slot_free = False  # nothing is in flight when results are handled
+        self._in_flight = None
+        blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
+        for msg in self.receive_msg(blocking=blocking):
+            self._process_one_msg(msg)
+        forward_input = self._schedule_next_batch()
+        ongoing = None
+        if forward_input is not None:
+            ongoing = (forward_input, self._forward(forward_input))
+        self._process_last_data(ongoing)
+
+    def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
+        """Launch batch N+1 on the engine stream, then handle batch N's results on the CPU
+        while the device computes (chapter 11)."""
+        raise NotImplementedError("Exercise 211: implement Scheduler.overlap_loop")
+
+    @torch.inference_mode()
+    def run_forever(self) -> NoReturn:
+        if ENV.DISABLE_OVERLAP_SCHEDULING:
+            with self.engine_stream_ctx:
+                self.engine.stream.wait_stream(self.stream)
+                while True:
+                    self.normal_loop()
+        data = None
+        while True:
+            data = self.overlap_loop(data)
+
+    def run_when_idle(self) -> None:
+        """Nothing is running: a good moment to verify that no KV page leaked."""
+        self._release_deferred_slots()
+        self.cache_manager.check_integrity()
+
+    def shutdown(self) -> None:
+        synchronize(self.device)
+        self.engine.shutdown()
+
+    # ---- messages and results -------------------------------------------------------------
+    def _process_one_msg(self, msg: BaseBackendMsg) -> None:
+        if isinstance(msg, BatchBackendMsg):
+            for m in msg.data:
+                self._process_one_msg(m)
+        elif isinstance(msg, ExitMsg):
+            raise KeyboardInterrupt
+        elif isinstance(msg, UserMsg):
+            input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
+            if input_len == 0 or input_len >= max_seq_len:
+                error = (
+                    f"request {msg.uid}: the prompt has {input_len} tokens; it must have between "
+                    f"1 and {max_seq_len - 1} (the context limit is {max_seq_len} tokens)"
+                )
+                logger.warning(error)
+                self.send_result([DetokenizeMsg(uid=msg.uid, next_token=-1, finished=True, error=error)])
+                return
+            max_output_len = max_seq_len - input_len
+            if msg.sampling_params.max_tokens > max_output_len:
+                msg.sampling_params.max_tokens = max_output_len
+            self.prefill_manager.add_one_req(msg)
+        elif isinstance(msg, AbortBackendMsg):
+            req = (self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
+                   or self._find_in_flight(msg.uid))
+            if req is not None:
+                self._free_req_resources(req)
+                # under overlap it may sit in the batch in flight: drop that result
+                self.finished_reqs.add(req)
+        else:
+            raise TypeError(f"unknown message type {type(msg).__name__}")
+
+    def _process_last_data(self, last_data: ForwardData | None) -> None:
+        if last_data is None:
+            return
+        batch, (_, next_tokens_cpu, copy_done) = last_data[0].batch, last_data[1]
+        copy_done.synchronize()  # this batch, and every one before it, is done
+        self._release_deferred_slots()
+        reply: List[DetokenizeMsg] = []
+        new_finished: Set[Req] = set()
+        with self.cache_manager.lazy_free_region():
+            for i, req in enumerate(batch.reqs):
+                if isinstance(req, ChunkedReq):  # a chunk samples nothing
+                    continue
+                if req in self.finished_reqs:  # finished or aborted while this batch flew
+                    continue
+                next_token = next_tokens_cpu[i]
+                req.append_host(next_token.unsqueeze(0))
+                token = int(next_token.item())
+                # count what the CPU has received: under overlap device_len has moved on
+                finished = len(req.input_ids) >= req.max_device_len
+                if not req.sampling_params.ignore_eos:
+                    finished |= token in self.eos_token_ids
+                reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
+                if finished:
+                    self.decode_manager.remove_req(req)
+                    self._free_req_resources(req)
+                    new_finished.add(req)
+                elif batch.is_prefill:  # the prompt's KV goes to the prefix cache right away
+                    self.cache_manager.cache_req(req, finished=False)
+        self.finished_reqs = new_finished
+        self.send_result(reply)
+
+    def _find_in_flight(self, uid: int) -> Req | None:
+        """Under overlap, a request whose last token is being computed has already left the
+        decode set (it cannot decode further) but its result is not handled yet: it is
+        found, not yet freed, only in the batch in flight."""
+        raise NotImplementedError("Exercise 211: implement Scheduler._find_in_flight")
+
+    def _free_req_resources(self, req: Req) -> None:
+        raise NotImplementedError("Exercise 211: implement Scheduler._free_req_resources")
+
+    def _release_deferred_slots(self) -> None:
+        raise NotImplementedError("Exercise 211: implement Scheduler._release_deferred_slots")
+
+    # ---- one batch ---------------------------------------------------------------------
+    def _schedule_next_batch(self) -> ForwardInput | None:
+        # prefill first: new requests get their first token soon; decode otherwise
+        batch = (
+            self.prefill_manager.schedule_next_batch(self.prefill_budget)
+            or self.decode_manager.schedule_next_batch()
+        )
+        return self._prepare_batch(batch) if batch else None
+
+    def _prepare_batch(self, batch: Batch) -> ForwardInput:
+        self.engine.graph_runner.pad_batch(batch)  # decode under CUDA graphs: pad with dummies (ch. 18)
+        self.cache_manager.allocate_paged(batch.reqs)
+        batch.positions = _make_positions(batch, self.device)
+        input_tuple = _make_input_tuple(batch, self.device)
+        write_tuple = _make_write_tuple(batch, self.device)
+        batch.out_loc = self.engine.page_table[input_tuple]
+        self.engine.attn_backend.prepare_metadata(batch)
+        return ForwardInput(batch, self.engine.sampler.prepare(batch), input_tuple, write_tuple)
+
+    def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
+        batch, sample_args, input_tuple, write_tuple = forward_input
+        batch.input_ids = self.token_pool[input_tuple]  # gathered on the device
+        output = self.engine.forward_batch(batch, sample_args)
+        self.token_pool[write_tuple] = output.next_tokens_gpu  # next step's input, on the device
+        self.decode_manager.filter_reqs(batch.reqs)
+        return output
+
+
+def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
+    """Positions ``[cached_len, device_len)`` of every request, packed: ``[T]`` int32."""
+    positions = torch.cat(
+        [torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs]
+    )
+    return positions.pin_memory().to(device, non_blocking=True) if pin(device) else positions.to(device)
+
+
+def _make_input_tuple(batch: Batch, device: torch.device) -> Indice2D:
+    """(row, position) of each input token: indexes both the token pool and the page table."""
+    rows = torch.cat(
+        [torch.full((r.extend_len,), r.table_idx, dtype=torch.int64) for r in batch.padded_reqs]
+    )
+    rows = rows.pin_memory().to(device, non_blocking=True) if pin(device) else rows.to(device)
+    return rows, batch.positions.to(torch.int64)
+
+
+def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
+    """Where each sampled token goes: ``token_pool[table_idx, device_len]``.
+
+    ``device_len`` is read before ``forward_batch`` increments it, so it is exactly the new
+    token's position. Column -1 (the last, never a real position) for a chunk or a request
+    that has reached its length: their sample is not an input of any later step.
+    """
+    rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
+    cols = torch.tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], dtype=torch.int64)
+    if pin(device):
+        return rows.pin_memory().to(device, non_blocking=True), cols.pin_memory().to(device, non_blocking=True)
+    return rows.to(device), cols.to(device)

@@ -1,0 +1,258 @@
+"""The HTTP API: FastAPI routes on top of the ``FrontendManager``, served by uvicorn.
+
+Endpoints: ``POST /generate`` (upstream's native one), ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (OpenAI's, with ``stream`` true or false), ``GET /v1/models``,
+``GET /health`` and ``GET /stats`` (the scheduler's KV-page and table-row counters).
+
+Every request waits for its first reply before answering, so a refused request (a prompt
+longer than the context: the scheduler's error reply) still gets a 400 and not a stream
+that starts and breaks. Streams are Server-Sent Events (``sse_stream``): ``data: {json}``
+per chunk, then ``data: [DONE]``; each endpoint says what its chunks hold
+(``generate_chunks``, ``completion_chunks``, ``chat_chunks``). A client that goes away,
+while waiting or while streaming, aborts its request. Mirrors upstream
+``minisgl.server.api_server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from minisgl.message.frontend import UserReply
+from minisgl.utils import init_logger
+
+from .frontend import FrontendManager
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, describe_validation_errors
+
+logger = init_logger("minisgl.server.api_server")
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+Chunker = Callable[[UserReply, bool], List[Dict[str, Any]]]  # (reply, is_first) -> SSE payloads
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, unless the client disconnects first (then ``ClientGone``, and
+    ``work`` is cancelled, which aborts its request)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The JSON body as ``model``, whatever the Content-Type header says.
+
+    Raises:
+        APIError: 400 naming the problem: not JSON, not an object, or invalid fields.
+    """
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise APIError(400, f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        message, param = describe_validation_errors(e.errors())
+        raise APIError(400, message, param) from None
+
+
+def _usage(reply: UserReply) -> Dict[str, int]:
+    """OpenAI's ``usage`` object from the counts a finished reply carries (tokens)."""
+    raise NotImplementedError("Exercise 351: implement _usage")
+
+
+def _sse(payload: Dict[str, Any] | str) -> bytes:
+    """One Server-Sent Event: ``data: <JSON of payload, or the string as is>`` and a blank line."""
+    raise NotImplementedError("Exercise 351: implement _sse")
+
+
+def generate_chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/generate`` stream payloads: ``{"text": delta}``; the last one adds
+    ``finish_reason`` and ``usage``. A reply with no new text and not finished sends nothing."""
+    raise NotImplementedError("Exercise 351: implement generate_chunks")
+
+
+def completion_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/v1/completions`` stream payloads: ``head`` (id, object, created, model) and one
+    choice with the new ``text``; ``finish_reason`` is None until the last one."""
+    raise NotImplementedError("Exercise 351: implement completion_chunks")
+
+
+def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+    """``/v1/chat/completions`` stream payloads, as OpenAI sends them: first a delta with
+    ``role`` (and empty content), then a delta per new text, then an empty delta with the
+    ``finish_reason``."""
+    raise NotImplementedError("Exercise 351: implement chat_chunks")
+
+
+def usage_chunk(head: Dict[str, Any], reply: UserReply) -> Dict[str, Any]:
+    """The extra last chunk of ``stream_options={"include_usage": true}``: no choices, the usage."""
+    raise NotImplementedError("Exercise 351: implement usage_chunk")
+
+
+async def sse_stream(
+    first: UserReply, replies: AsyncGenerator[UserReply, None], chunker: Chunker,
+    usage: Callable[[UserReply], Dict[str, Any]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The Server-Sent Events of one streamed answer, from its ``first`` reply (already
+    received) and the ``replies`` still to come.
+
+    Each reply becomes the events of ``chunker(reply, is_first)``; after the finished one,
+    ``usage(last_reply)`` when the client asked for usage, then ``data: [DONE]``. A reply
+    with ``error`` (a worker died mid-stream) ends the stream with an error event and no
+    ``[DONE]``. ``replies`` is closed however the stream ends: closing it early (the client
+    left, so the response is cancelled) aborts the request.
+    """
+    raise NotImplementedError("Exercise 351: implement sse_stream")
+
+
+async def _answer(
+    fm: FrontendManager, request: Request, text: str | List[Dict[str, str]], req: Any,
+    default_max_tokens: int, chunker: Chunker, final: Callable[[str, UserReply], Dict[str, Any]],
+    usage: Callable[[UserReply], Dict[str, Any]] | None,
+) -> Response:
+    """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
+    (``final(text, last_reply)``)."""
+    params = req.sampling_params(default_max_tokens, fm.max_seq_len)
+    uid = await fm.submit(text, params)
+    replies = fm.replies(uid)
+    try:
+        first = await _until_disconnect(request, anext(replies))
+    except ClientGone:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    if first.error is not None:
+        await replies.aclose()
+        fm.check_alive()  # a dead worker: 503
+        raise APIError(400, first.error, "prompt" if "prompt" in first.error else None)
+
+    if not req.stream:
+        async def collect() -> tuple[str, UserReply]:
+            parts, last = [first.incremental_output], first
+            async with aclosing(replies):
+                while not last.finished:
+                    last = await anext(replies)
+                    parts.append(last.incremental_output)
+            return "".join(parts), last
+
+        try:
+            text_out, last = await _until_disconnect(request, collect())
+        except ClientGone:
+            return Response(status_code=499)
+        if last.error is not None:
+            raise APIError(503, last.error, kind="server_error")
+        return JSONResponse(final(text_out, last))
+
+    return StreamingResponse(sse_stream(first, replies, chunker, usage), media_type="text/event-stream")
+
+
+def create_app(fm: FrontendManager) -> FastAPI:
+    """The FastAPI application; ``fm`` is started and stopped with it (lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await fm.start()
+        print(f"API server ready at http://{fm.args.server_host}:{fm.args.server_port} "
+              f"serving '{fm.args.model_name}'", flush=True)
+        yield
+        fm.stop()
+
+    app = FastAPI(title="mini-sglang", lifespan=lifespan)
+    name = fm.args.model_name
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    def check_model(model: str) -> None:
+        if model not in (name, fm.args.model_path):
+            raise APIError(404, f"model '{model}' not found: this server serves '{name}'", "model", "not_found_error")
+
+    def head(kind: str, uid_prefix: str) -> Dict[str, Any]:
+        return {"id": f"{uid_prefix}-{time.time_ns()}", "object": kind, "created": int(time.time()), "model": name}
+
+    @app.get("/health")
+    async def health() -> Dict[str, Any]:
+        fm.check_alive()
+        return {"status": "ok", "workers": {w.name: w.process.pid for w in fm.workers}}
+
+    @app.get("/stats")
+    async def stats() -> Dict[str, Any]:
+        return {**await fm.stats(), "open_requests": len(fm.queues)}
+
+    @app.get("/v1/models")
+    async def models() -> Dict[str, Any]:
+        card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mini-sglang",
+                "root": fm.args.model_path, "max_model_len": fm.max_seq_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        req = await parse_body(request, GenerateRequest)
+        return await _answer(fm, request, req.prompt, req, 128, generate_chunks,
+                             lambda text, r: {"text": text, "finish_reason": r.finish_reason, "usage": _usage(r)}, None)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = await parse_body(request, CompletionRequest)
+        check_model(req.model)
+        h = head("text_completion", "cmpl")
+
+        def final(text: str, r: UserReply) -> Dict[str, Any]:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
+            return {**h, "choices": [choice], "usage": _usage(r)}
+
+        usage = functools.partial(usage_chunk, h) if req.include_usage else None
+        return await _answer(fm, request, req.prompt, req, 16, functools.partial(completion_chunks, h), final, usage)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = await parse_body(request, ChatCompletionRequest)
+        check_model(req.model)
+        h = head("chat.completion.chunk", "chatcmpl")
+        if req.max_tokens is None and req.max_completion_tokens is not None:
+            req.max_tokens = req.max_completion_tokens
+
+        def final(text: str, r: UserReply) -> Dict[str, Any]:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
+            return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
+
+        usage = functools.partial(usage_chunk, h) if req.include_usage else None
+        return await _answer(fm, request, req.chat(), req, fm.max_seq_len - 1, functools.partial(chat_chunks, h),
+                             final, usage)
+
+    return app
+
+
+def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> None:
+    """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C or SIGTERM."""
+    fm = FrontendManager(args, workers, int(info["max_seq_len"]))
+    uvicorn.run(create_app(fm), host=args.server_host, port=args.server_port, log_level="warning",
+                access_log=False, timeout_graceful_shutdown=3)

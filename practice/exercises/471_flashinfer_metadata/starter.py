@@ -1,0 +1,196 @@
+"""Paged attention on the GPU with FlashInfer: plan once per batch, run in every layer.
+
+FlashInfer describes a batch's KV cache the way the page table does, in pages. For B
+requests it wants, in CSR form (``indptr`` arrays of ``B + 1`` offsets):
+
+* ``qo_indptr`` — request ``i``'s queries are rows ``qo_indptr[i]:qo_indptr[i+1]`` of q;
+* ``kv_indptr`` and ``kv_page_ids`` — its pages are ``kv_page_ids[kv_indptr[i]:kv_indptr[i+1]]``;
+* ``kv_last_page_len`` — how many of the last page's ``P`` slots it uses (1..P).
+
+Our page table stores token slots (``page * P + offset``), so the page ids of a request
+are the slots of positions ``0, P, 2P, ...`` divided by ``P``: ``paged_kv_index`` below, a
+pure function the CPU tests check. A wrapper's ``plan`` turns these into a work schedule
+(how to split long sequences over the SMs); ``run`` then executes it for one layer. Planning
+costs a host-to-device copy and some CPU work, so it happens once per batch and every
+layer reuses it.
+
+Prefill batches use ``BatchPrefillWithPagedKVCacheWrapper`` with a causal mask; FlashInfer
+aligns that mask to the end of each request's KV, so a prompt with a cached prefix (queries
+at positions ``cached_len ..``) sees the whole prefix. Decode batches use
+``BatchDecodeWithPagedKVCacheWrapper``, on tensor cores when 4 or more query heads share
+a KV head (the group is then big enough to fill an MMA tile). CUDA graphs (chapter 18)
+get one decode wrapper per captured batch size, planned into fixed buffers.
+
+Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
+only; this one takes any ``P``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+
+import torch
+
+from minisgl.utils import div_ceil
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch, Req
+    from minisgl.kvcache import MHAKVCache
+
+WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's recommended float workspace (split-KV partials)
+TENSOR_CORE_MIN_GROUP = 4  # query heads per KV head from which decode runs on tensor cores
+
+
+def use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
+    """Decode on tensor cores when a KV head serves >= 4 query heads (SmolLM2: 3, no;
+    Llama-3-8B: 4, yes; Qwen3-0.6B: 2, no)."""
+    return num_qo_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
+
+
+@dataclass(frozen=True)
+class PagedKVIndex:
+    """FlashInfer's view of B requests' KV. CPU tensors are what ``plan`` reads on the host."""
+
+    qo_indptr: torch.Tensor  # [B + 1] int32, CPU: query rows of each request
+    kv_indptr: torch.Tensor  # [B + 1] int32, CPU: page range of each request in kv_page_ids
+    kv_last_page_len: torch.Tensor  # [B] int32, CPU: slots used in the last page, 1..P
+    seq_lens: torch.Tensor  # [B] int32, CPU: KV length of each request, in tokens
+    kv_page_ids: torch.Tensor  # [kv_indptr[-1]] int32, on the page table's device
+
+
+def paged_kv_index(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, pin: bool = False) -> PagedKVIndex:
+    """Derive FlashInfer's paged-KV index of ``reqs`` from the page table.
+
+    ``page_table: [rows, max_seq_len]`` int32 token slots; each request reads its row
+    ``table_idx`` up to ``device_len`` (this step's tokens included: the backend stores
+    them before attending). ``pin`` puts the CPU tensors in pinned memory, so the copies
+    ``plan`` starts are asynchronous.
+
+    Raises:
+        ValueError: for ``page_size < 1`` or an empty batch.
+    """
+    raise NotImplementedError("Exercise 471: implement paged_kv_index")
+
+
+@dataclass
+class FIMetadata(BaseAttnMetadata):
+    index: PagedKVIndex
+    last_indices: torch.Tensor  # [B] int64 on the device: each request's last query row
+    wrapper: Any  # the FlashInfer wrapper that will run this batch
+    planned: bool = False
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.last_indices[:bs]
+
+
+class FlashInferBackend(BaseAttnBackend):
+    """``num_qo_heads``/``num_kv_heads`` are this rank's heads; ``kv_cache`` the pool, whose
+    layers are ``[num_pages, P, H_kv, D]`` (FlashInfer's "NHD" layout, used as is).
+
+    Raises:
+        ImportError: when ``flashinfer`` is not installed (``pip install -e .[gpu]``).
+        ValueError: when the pool is not on CUDA or not fp16/bf16.
+    """
+
+    def __init__(
+        self, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_cache: MHAKVCache, page_size: int
+    ) -> None:
+        import flashinfer
+
+        if kv_cache.device.type != "cuda" or kv_cache.dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"FlashInfer needs an fp16/bf16 KV cache on CUDA, got {kv_cache.dtype} on {kv_cache.device}")
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.kv_cache, self.page_size = kv_cache, page_size
+        self.device, self.dtype = kv_cache.device, kv_cache.dtype
+        self.use_tensor_cores = use_tensor_cores(num_qo_heads, num_kv_heads)
+        # one float workspace for every wrapper: they run one after another on one stream
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        # fa2: FlashInfer's fa3 path is slower for these shapes on Hopper (upstream's finding)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", backend="fa2"
+        )
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
+        )
+        # plan() fills a pinned host buffer, then copies it to the GPU asynchronously; the
+        # next plan must not overwrite that buffer before the copy has run
+        self._plan_done = torch.cuda.Event()
+        self._plan_done.record()
+        self.graph_wrappers: Dict[int, Any] = {}
+
+    # ---- every batch ---------------------------------------------------------------------
+    def prepare_metadata(self, batch: Batch) -> None:
+        raise NotImplementedError("Exercise 471: implement FlashInferBackend.prepare_metadata")
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
+        if not meta.planned:
+            # Planned here, in the first layer, rather than in prepare_metadata: under overlap
+            # scheduling prepare_metadata runs on the scheduler's stream while the previous
+            # batch still runs on the engine's, and plan() overwrites the workspace that
+            # batch's kernels are reading. Here we are on the engine stream, in order.
+            self._plan(meta)
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
+        return meta.wrapper.run(q, paged_kv)
+
+    def _plan(self, meta: FIMetadata) -> None:
+        import flashinfer
+
+        self._plan_done.synchronize()
+        idx = meta.index
+        common = dict(
+            num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, page_size=self.page_size,
+            pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.dtype,
+            seq_lens=idx.seq_lens, non_blocking=True,
+        )
+        if isinstance(meta.wrapper, flashinfer.BatchDecodeWithPagedKVCacheWrapper):
+            meta.wrapper.plan(
+                indptr=idx.kv_indptr, indices=idx.kv_page_ids, last_page_len=idx.kv_last_page_len,
+                head_dim=self.head_dim, **common,
+            )
+        else:
+            meta.wrapper.plan(
+                qo_indptr=idx.qo_indptr, paged_kv_indptr=idx.kv_indptr, paged_kv_indices=idx.kv_page_ids,
+                paged_kv_last_page_len=idx.kv_last_page_len, head_dim_qk=self.head_dim, causal=True, **common,
+            )
+        self._plan_done.record()
+        meta.planned = True
+
+    # ---- CUDA graphs (chapter 18) --------------------------------------------------------
+    @property
+    def supports_cuda_graph(self) -> bool:
+        return True
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        # one set of buffers for all sizes: a graph of size bs reads their first bs entries
+        max_bs = max(bs_list)
+        max_pages = max_bs * div_ceil(max_seq_len, self.page_size)
+        self._graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._graph_kv_page_ids = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
+        self._graph_kv_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        import flashinfer
+
+        bs = batch.padded_size
+        self.graph_wrappers[bs] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+            paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
+            paged_kv_indices_buffer=self._graph_kv_page_ids,
+            paged_kv_last_page_len_buffer=self._graph_kv_last_page_len[:bs],
+            backend="fa2",
+        )
+        self.prepare_metadata(batch)
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
+        meta.wrapper = self.graph_wrappers[batch.padded_size]
+        self._plan(meta)  # copies this batch's index into the graph's fixed buffers
