@@ -67,7 +67,7 @@ if use_triton(torch.zeros(1, device=device)):
         g_tri = time_ms(lambda: triton_store.embedding_gather(ids, w))
         moved = 2 * 2 * tokens * 8 * 128 * 2  # K and V, read and written, bf16
         print(f"{tokens:>5} tokens: store  same bits {same}, torch {t_ref * 1e3:6.1f} us, triton {t_tri * 1e3:6.1f} us "
-              f"({moved / t_tri / 1e9:.0f} GB/s)")
+              f"({moved / (t_tri / 1e3) / 1e9:,.0f} GB/s)")  # t_tri is in ms
         print(f"{tokens:>5} tokens: gather same bits {same_gather}, torch {g_ref * 1e3:6.1f} us, "
               f"triton {g_tri * 1e3:6.1f} us")
 else:

@@ -9,6 +9,7 @@ in the right verdict, never a judge traceback, with the engine file untouched.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -340,3 +341,20 @@ def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
                  "skips_misfit.json", "at test_queue_stops_at_the_first_request_that_does_not_fit",
                  "forgets_decode_reservation.json", "at test_queue_keeps_the_decode_reservation"):
         assert line in out.stdout, out.stdout
+
+
+def test_the_sandbox_keeps_installed_paths_but_not_another_minisgl(tmp_path, monkeypatch):
+    """Regression (found on the H200): the child's PYTHONPATH was the sandbox alone, so
+    packages installed with `pip install --target` (FlashInfer there) vanished."""
+    sys.path.insert(0, str(REPO / "practice"))
+    try:
+        from judgelib import runner
+    finally:
+        sys.path.pop(0)
+    site, other_repo = tmp_path / "site", tmp_path / "other"
+    site.mkdir()
+    (other_repo / "minisgl").mkdir(parents=True)
+    box = tmp_path / "box"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(other_repo)]))
+    env = runner.child_env(box, "cpu", "minisgl.core", box / "events.jsonl")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(box), str(site)]
