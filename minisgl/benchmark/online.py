@@ -18,7 +18,7 @@ Measured per request, on the client's clock:
 * end-to-end latency: request sent -> last text.
 
 Throughput is output tokens per second between the first request sent and the last one
-finished. The table gives p50/p90/p99 of each latency. Without ``--url`` the benchmark
+finished. Eight short untimed requests warm the server up first. The table gives p50/p90/p99 of each latency. Without ``--url`` the benchmark
 starts ``python -m minisgl`` on a free loopback port and stops it afterwards. Mirrors
 upstream ``minisgl.benchmark.client`` and ``benchmark/online/bench_simple.py``.
 """
@@ -130,11 +130,12 @@ async def send_one(http: httpx.AsyncClient, url: str, model: str, req: TimedRequ
     return res
 
 
-async def run_rate(url: str, model: str, trace: List[TimedRequest], rate: float) -> tuple[List[RequestResult], float]:
+async def run_rate(url: str, model: str, trace: List[TimedRequest], rate: float,
+                   desc: str | None = None) -> tuple[List[RequestResult], float]:
     """Send the trace; returns the results and the seconds from first send to last reply."""
     limits = httpx.Limits(max_connections=len(trace) + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(3600.0)) as http:
-        with tqdm(total=len(trace), desc=f"rate {rate:g} req/s", unit="req") as bar:
+        with tqdm(total=len(trace), desc=desc or f"rate {rate:g} req/s", unit="req") as bar:
             start = time.perf_counter()
             results = await asyncio.gather(*[send_one(http, url, model, r, start, bar) for r in trace])
     ends = [r.last for r in results if r.last is not None]
@@ -211,6 +212,10 @@ def main(argv: List[str] | None = None) -> None:
     try:
         wait_ready(url, proc, log if proc else None, args.timeout)
         model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        # untimed warm-up: a fresh server compiles kernels on its first prefills (FlashInfer's
+        # JIT: a minute on a new machine), which would otherwise land in the first rate's TTFT
+        warm = poisson_trace(tokenizer, 8, 1e6, tuple(args.input_len), (4, 4), args.seed + 7)
+        asyncio.run(run_rate(url, model, warm, float("inf"), desc="warm-up"))
         rows = []
         for rate in args.rates:
             trace = poisson_trace(tokenizer, args.num_requests, rate, tuple(args.input_len),
