@@ -447,9 +447,7 @@ def test_outputs_capture_check_and_nondeterministic_marker(project, capsys):
 def test_upstream_index_records_only_line_numbers(tmp_path):
     from tools.upstream_index import build_index, dumps
 
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is not installed")
+    git = shutil.which("git") or "git"  # the book is cloned with git: its absence is an error, not a skip
     write(tmp_path / "python" / "minisgl" / "core.py", "class Req:\n    def go(self):\n        pass\n")
     run = lambda *a: subprocess.run([git, "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
     run("init", "-q")
