@@ -140,3 +140,56 @@ def test_online_summary_percentiles_and_throughput():
     row = summarize(4.0, [ok, failed], seconds=2.0)
     assert row[:5] == ["4", "1/2", "2.0", "6", "0.50"]  # 11 tokens / 2 s -> "6"
     assert row[5] == "100 / 100 / 100" and row[6] == "100.0 / 100.0 / 100.0" and row[7] == "1.1 / 1.1 / 1.1"
+
+
+# ---- chapter 16's measurements: teacher-forced TP logits, the collectives' share ---------------
+
+def _tp_logits():
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import tp_logits
+
+    return tp_logits
+
+
+def _logits_run(logits: torch.Tensor, tokens) -> dict:
+    return {"logits": logits, "forced_logits": logits, "tokens": tokens}
+
+
+def test_tp_logits_passes_only_near_ties_within_the_tolerance(capsys):
+    tp_logits = _tp_logits()
+    steps, batch, vocab = 2, len(tp_logits.PROMPTS), 5
+    ref_logits = torch.zeros(steps, batch, vocab)
+    ref_logits[:, :, 0], ref_logits[:, :, 1] = 10.0, 9.999  # token 0 wins by 0.001 everywhere
+    ref = _logits_run(ref_logits, [[0] * steps for _ in range(batch)])
+    near = ref_logits.clone()
+    near[1, 3, 1] += 0.002  # prompt 3, step 1: the near-tie flips
+    other = {"forced_logits": near, "tokens": [[0, 1] if b == 3 else [0, 0] for b in range(batch)]}
+    assert tp_logits.compare(ref, other, 2, tolerance=0.02)
+    out = capsys.readouterr().out
+    assert "step 1: tp=1 picks 0, tp=2 picks 1: a near-tie, tp=1's margin 0.0010" in out
+    far = ref_logits.clone()
+    far[0, 2, 4] += 0.3  # 3% of the range: over the tolerance, even without a flip
+    assert not tp_logits.compare(ref, {"forced_logits": far, "tokens": ref["tokens"]}, 2, tolerance=0.02)
+    assert "largest |dlogit| 3.0e-02 of the logit range" in capsys.readouterr().out
+
+
+def test_tp_logits_at_tp2_on_gloo_equal_tp1(qwen3_path, capsys):
+    assert _tp_logits().main(["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and out.count("4/4") == 8  # every forced step of every prompt has tp=1's argmax
+
+
+def test_collectives_off_keeps_shapes_and_restores_the_communicator():
+    from minisgl.benchmark.tp_decode import collectives_off
+    from minisgl.distributed import DistributedCommunicator
+
+    before = DistributedCommunicator.all_reduce
+    x = torch.ones(3, 4)
+    with collectives_off():
+        comm = DistributedCommunicator()
+        assert comm.all_reduce(x) is x and comm.all_gather(x).shape == (3, 4)  # one rank, no process group
+    assert DistributedCommunicator.all_reduce is before

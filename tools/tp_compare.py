@@ -2,12 +2,14 @@
 
     python tools/tp_compare.py --model models/qwen3-0.6b-shaped --tp 2          # GPUs, FlashInfer
     python tools/tp_compare.py --model models/tiny-qwen3 --tp 2 --device cpu    # gloo
+    python tools/tp_compare.py --tp 2 --dtype float32   # GPUs, NCCL, float32: texts must be equal
 
 Each server is ``python -m minisgl`` on a free loopback port; the prompts are sent at once
 (so they are batched) with temperature 0 and ``ignore_eos``. Prints, per prompt, whether
 the texts are equal and, if not, the first differing character. In bf16 on GPUs a split
-reduction may change a near-tie late in a long answer; the first tokens should agree.
-Exit status 1 if any text differs.
+reduction can flip a near-tie, and with flat logits (seeded weights) that happens early:
+``tools/tp_logits.py`` then compares the logits step by step instead. Exit status 1 if
+any text differs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port), "--tp", str(tp),
-           "--max-seq-len", "2048", *(["--device", args.device] if args.device else [])]
+           "--max-seq-len", "2048", *(["--device", args.device] if args.device else []), *(["--dtype", args.dtype] if args.dtype else [])]
     log = open(f"/tmp/tp_compare_tp{tp}.log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -80,6 +82,7 @@ def main() -> int:
     p.add_argument("--model", default="models/qwen3-0.6b-shaped")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="the server's --dtype (default: bfloat16 on CUDA)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()

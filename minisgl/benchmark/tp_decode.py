@@ -5,32 +5,39 @@
 
 One process per rank (rank ``r`` on GPU ``r``), each with its own ``Engine``. For each
 batch size every rank builds the same decode batch (``decode_step.make_decode_batch``)
-and the table gives, as rank 0 measured them:
+and the table gives, as rank 0 measured them with CUDA events:
 
-* ``step ms``: one decode forward pass (CUDA-graph replay when captured), CUDA events;
-* ``collectives ms``: the same step's collectives alone, issued back to back with the
-  step's shapes: one all-reduce ``[B, hidden]`` for the embedding, two per layer
+* ``step ms``: one decode forward pass, a CUDA-graph replay when captured;
+* ``no-comm step ms``: the same step with every collective replaced by a local stand-in
+  of the same shape (the graphs are captured again for it). Each rank then computes
+  alone, so the outputs are wrong, but ``step - no-comm step`` is what the collectives
+  cost inside a real step, waiting for the slower rank included: the ``comm ms`` and
+  ``share`` columns;
+* ``collectives alone ms``: the step's collectives by themselves, captured in one CUDA
+  graph and replayed: one all-reduce ``[B, hidden]`` for the embedding, two per layer
   (attention's ``o_proj`` and the MLP's ``down_proj``), and the LM head's all-gather of
-  ``[ceil(V / tp), B]`` logits; ``share`` is their part of the step.
+  ``[ceil(V / tp), B]`` logits. (Issued eagerly instead, each would pay a launch and a
+  CPU round trip, several times its cost in a graph.)
 
-The collectives run eagerly here, so their time includes one launch each; inside the
-captured graph they cost less. With ``--tp 1`` there are none. On the CPU (gloo) the
-same runs with wall-clock timing, for a smoke test only. Upstream has no such script;
-its README reports TP throughput only.
+With ``--tp 1`` there are no collectives and the columns agree. On the CPU (gloo, no
+graphs, wall-clock timing) the same runs as a smoke test only. Upstream has no such
+script; its README reports TP throughput only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import torch
 import torch.multiprocessing as mp
 
 from minisgl.distributed import DistributedCommunicator, DistributedInfo
 from minisgl.engine import Engine, EngineConfig
+from minisgl.engine.graph import GraphRunner
 from minisgl.utils import div_ceil
 from minisgl.utils.mp import new_ipc_dir
 
@@ -74,6 +81,58 @@ def step_collectives(engine: Engine, bs: int) -> Callable[[], None]:
     return run
 
 
+def in_graph(fn: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``fn`` captured once in a CUDA graph; the returned function replays it (CUDA only)."""
+    if device.type != "cuda":
+        return fn
+    fn()  # NCCL sets up its communicator for these shapes before capture
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+@contextlib.contextmanager
+def collectives_off() -> Iterator[None]:
+    """Every ``DistributedCommunicator`` returns a local tensor of the right shape instead of
+    talking to the other ranks (wrong values, same kernels otherwise)."""
+    saved = DistributedCommunicator.all_reduce, DistributedCommunicator.all_gather
+    tp = lambda: torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # noqa: E731
+    DistributedCommunicator.all_reduce = lambda self, x: x  # type: ignore[method-assign]
+    DistributedCommunicator.all_gather = lambda self, x: x.repeat(tp(), *[1] * (x.dim() - 1))  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DistributedCommunicator.all_reduce, DistributedCommunicator.all_gather = saved  # type: ignore[method-assign]
+
+
+def recapture(engine: Engine) -> None:
+    """Capture the engine's decode graphs again (after ``collectives_off`` changed what they run)."""
+    old = engine.graph_runner
+    if not old.graph_bs:
+        return
+    old.destroy()
+    engine.graph_runner = GraphRunner(engine.model, engine.attn_backend, engine.stream, engine.device,
+                                      engine.dummy_req, old.graph_bs, engine.page_table.shape[1])
+
+
+def time_steps(engine: Engine, args: argparse.Namespace) -> List[float]:
+    """Milliseconds per decode step at each of ``args.batch_sizes``."""
+    times = []
+    for bs in args.batch_sizes:
+        batch = make_decode_batch(engine, bs, args.context)
+        use_graph = engine.graph_runner.can_use_cuda_graph(batch)
+
+        def step() -> None:
+            engine.attn_backend.prepare_metadata(batch)
+            with engine.ctx.forward_batch(batch):
+                engine.graph_runner.replay(batch) if use_graph else engine.model.forward()
+
+        times.append(_timed(step, engine.device, args.steps))
+    return times
+
+
 def _rank_main(rank: int, args: argparse.Namespace, addr: str) -> None:
     device = "cuda" if args.device == "cuda" else "cpu"
     max_bs = max(args.batch_sizes)
@@ -84,26 +143,22 @@ def _rank_main(rank: int, args: argparse.Namespace, addr: str) -> None:
         max_running_req=max_bs, num_page_override=pages, max_seq_len_override=args.context + 64,
         attention_backend=args.attention_backend, cuda_graph_bs=tuple(args.batch_sizes),
     ))
-    rows = []
     with torch.inference_mode():
-        for bs in args.batch_sizes:
-            batch = make_decode_batch(engine, bs, args.context)
-            use_graph = engine.graph_runner.can_use_cuda_graph(batch)
-
-            def step() -> None:
-                engine.attn_backend.prepare_metadata(batch)
-                with engine.ctx.forward_batch(batch):
-                    engine.graph_runner.replay(batch) if use_graph else engine.model.forward()
-
-            step_ms = _timed(step, engine.device, args.steps)
-            comm_ms = _timed(step_collectives(engine, bs), engine.device, args.steps)
-            rows.append([bs, "yes" if use_graph else "no", f"{step_ms:.3f}", f"{comm_ms:.3f}",
-                         f"{comm_ms / step_ms:.0%}"])
+        graphed = [bs in engine.graph_runner.graphs for bs in args.batch_sizes]
+        step_ms = time_steps(engine, args)
+        alone_ms = [_timed(in_graph(step_collectives(engine, bs), engine.device), engine.device, args.steps)
+                    for bs in args.batch_sizes]
+        with collectives_off():
+            recapture(engine)
+            no_comm_ms = time_steps(engine, args)
     if rank == 0:
         mc = engine.config.model_config
         print(f"model {args.model}: {mc.num_layers} layers, hidden {mc.hidden_size}, vocab {mc.vocab_size}; "
               f"tp {args.tp} on {engine.device.type}; {1 + 2 * mc.num_layers} all-reduces and 1 all-gather per step")
-        print(format_table(["batch", "graph", "step ms", "collectives ms", "share"], rows), flush=True)
+        rows = [[bs, "yes" if g else "no", f"{s:.3f}", f"{n:.3f}", f"{s - n:.3f}", f"{(s - n) / s:.0%}", f"{a:.3f}"]
+                for bs, g, s, n, a in zip(args.batch_sizes, graphed, step_ms, no_comm_ms, alone_ms)]
+        print(format_table(["batch", "graph", "step ms", "no-comm step ms", "comm ms", "share",
+                            "collectives alone ms"], rows), flush=True)
     engine.shutdown()
 
 
