@@ -39,6 +39,13 @@ def test_zero_disables_graphs_and_explicit_sizes_win():
         determine_graph_bs((0, 2), None, 8)
 
 
+def test_the_server_takes_cuda_graph_max_bs():
+    from minisgl.server.args import parse_args
+
+    assert parse_args(["--model", "m", "--cuda-graph-max-bs", "0"], "/tmp").cuda_graph_max_bs == 0
+    assert parse_args(["--model", "m"], "/tmp").cuda_graph_max_bs is None  # the engine's default (256)
+
+
 def test_a_batch_pads_to_the_next_captured_size():
     sizes = [1, 2, 4, 8, 16, 24]
     assert [padded_batch_size(n, sizes) for n in (1, 3, 5, 9, 17, 24)] == [1, 4, 8, 16, 24, 24]

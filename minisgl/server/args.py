@@ -71,6 +71,8 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument("--attention-backend", "--attn", default=ServerArgs.attention_backend)
     p.add_argument("--moe-backend", default=ServerArgs.moe_backend, help="MoE models: torch, fused or auto (chapter 20)")
     p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="capture decode graphs up to this batch size; 0 disables CUDA graphs (chapter 18; default 256)")
     p.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
     p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
                    help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
