@@ -237,14 +237,15 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="0 disables CUDA graphs (default 256)")
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
-    p.add_argument("--tp", type=int, nargs="+", default=[1],
+    p.add_argument("--tp", dest="tp_sizes", type=int, nargs="+", default=[1],
                    help="tensor-parallel ranks, one GPU each (chapter 16); several values run in turn: --tp 1 2")
     p.add_argument("--matrix", action="store_true", help="overlap on/off x radix/naive, four rows")
     p.add_argument("--hf", action="store_true", help="also run transformers' continuous batching")
     p.add_argument("--hf-only", action="store_true")
     p.add_argument("--hf-attn", default=None, help="attn_implementation for transformers (default: its choice)")
     args = p.parse_args(argv)
-    if max(args.tp) > 1 and args.matrix:  # the other ranks cannot follow a switch of loop made in this one
+    args.tp = args.tp_sizes[0]  # run_minisgl's; main() runs each of tp_sizes in turn
+    if max(args.tp_sizes) > 1 and args.matrix:  # the other ranks cannot follow a switch of loop made in this one
         p.error("--matrix runs one rank only; drop --tp or --matrix")
     device = torch.device(args.device) if args.device else default_device()
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if is_cuda(device) else "float32"))
@@ -261,11 +262,11 @@ def main(argv: List[str] | None = None) -> List[RunResult]:
     if not args.hf_only:
         caches = ["radix", "naive"] if args.matrix else [args.cache]
         overlaps = [True, False] if args.matrix else [True]
-        for tp in args.tp:
+        for tp in args.tp_sizes:
             for cache in caches:
                 rows, startup = run_minisgl(argparse.Namespace(**{**vars(args), "tp": tp}), workload, cache, overlaps)
                 results.extend(rows)
-                startups[f"{cache} cache" + (f", tp={tp}" if len(args.tp) > 1 else "")] = startup
+                startups[f"{cache} cache" + (f", tp={tp}" if len(args.tp_sizes) > 1 else "")] = startup
     print_report(workload, results, startups)
     return results
 
