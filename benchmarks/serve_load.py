@@ -27,8 +27,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +37,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+from minisgl.server.local import start_server, stop_server, wait_ready
+
 PROMPTS = [
     "The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,",
     "The quick brown fox", "import numpy as np\n", "Water boils at", "My favourite colour is",
@@ -68,35 +67,10 @@ def percentile(values: List[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))] if values else float("nan")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, log: Path) -> Tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port), "--device", args.device,
-           "--max-seq-len", str(args.max_seq_len), "--max-running-requests", str(args.clients), "--dtype", args.dtype]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(url: str, proc: subprocess.Popen | None, log: Path | None, timeout: float) -> Dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            sys.exit(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:] if log else ''}")
-        try:
-            r = httpx.get(f"{url}/health", timeout=2)
-            if r.status_code == 200:
-                return r.json()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"the server at {url} was not ready in {timeout:.0f} s")
+def server_args(args: argparse.Namespace) -> List[str]:
+    """The server's command-line options beyond the model."""
+    return ["--device", args.device, "--max-seq-len", str(args.max_seq_len),
+            "--max-running-requests", str(args.clients), "--dtype", args.dtype]
 
 
 def offline_reference(args: argparse.Namespace, clients: List[Client]) -> Dict[Tuple[str, int], str]:
@@ -197,7 +171,7 @@ def main() -> int:
             sys.exit("--url must be a loopback address: this load test never leaves the machine")
     else:
         log = Path(tempfile.mkdtemp(prefix="serve-load-")) / "server.log"
-        proc, url = start_server(args, log)
+        proc, url = start_server(args.model, server_args(args), log)
     try:
         print(f"offline reference for {len({c.prompt for c in clients})} prompts ...", flush=True)
         t0 = time.perf_counter()
@@ -240,12 +214,8 @@ def main() -> int:
             print(f"{'ok  ' if ok else 'FAIL'} {what}")
         return 0 if all(ok for _, ok in checks) else 1
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            stop_server(proc)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,7 @@ any text differs.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,38 +25,22 @@ from typing import List
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from minisgl.server.local import start_server, stop_server, wait_ready  # noqa: E402
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,",
            "Explain tensor parallelism in one sentence.", "1, 2, 3, 5, 8,", "The opposite of hot is",
            "Translate to French: good morning"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port), "--tp", str(tp),
-           "--max-seq-len", "2048", *(["--device", args.device] if args.device else []), *(["--dtype", args.dtype] if args.dtype else [])]
-    log = open(f"/tmp/tp_compare_tp{tp}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    extra = ["--tp", str(tp), "--max-seq-len", "2048", *(["--device", args.device] if args.device else []),
+             *(["--dtype", args.dtype] if args.dtype else [])]
+    log = Path(f"/tmp/tp_compare_tp{tp}.log")
+    proc, url = start_server(args.model, extra, log)
     try:
-        deadline = time.monotonic() + args.timeout
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"tp={tp}: the server exited with {proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"tp={tp}: not ready in {args.timeout} s; see {log.name}")
-            time.sleep(1)
+        wait_ready(url, proc, log, args.timeout)
         name = Path(args.model).name
 
         def one(prompt: str) -> str:
@@ -73,8 +54,7 @@ def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
         print(f"tp={tp}: {len(PROMPTS)} prompts x {args.max_tokens} tokens in {time.perf_counter() - t0:.2f} s")
         return texts
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(60)
+        stop_server(proc, signal.SIGINT)
 
 
 def main() -> int:

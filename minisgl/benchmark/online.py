@@ -30,10 +30,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,6 +38,8 @@ from typing import List, Sequence
 
 import httpx
 from tqdm import tqdm
+
+from minisgl.server.local import start_server, stop_server, wait_ready
 
 from .workload import format_table
 
@@ -154,35 +152,11 @@ def summarize(rate: float, results: List[RequestResult], seconds: float) -> List
             f"{len(ok) / seconds:.2f}", pct(ttft), pct1(tpot), pct1(e2e)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port),
-           "--max-running-requests", str(args.max_running_req)]
-    cmd += ["--device", args.device] if args.device else []
-    cmd += ["--dtype", args.dtype] if args.dtype else []
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(url: str, proc: subprocess.Popen | None, log: Path | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log else ""
-            raise SystemExit(f"the server exited with {proc.returncode}:\n{tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the server at {url} was not ready in {timeout:.0f} s")
+def server_args(args: argparse.Namespace) -> List[str]:
+    """The server's command-line options beyond the model."""
+    extra = ["--max-running-requests", str(args.max_running_req)]
+    extra += ["--device", args.device] if args.device else []
+    return extra + (["--dtype", args.dtype] if args.dtype else [])
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -207,7 +181,7 @@ def main(argv: List[str] | None = None) -> None:
     proc, log = None, Path(tempfile.mkstemp(prefix="minisgl-online-", suffix=".log")[1])
     url = args.url
     if url is None:
-        proc, url = start_server(args, log)
+        proc, url = start_server(args.model, server_args(args), log)
         print(f"server: {url} (log {log})")
     try:
         wait_ready(url, proc, log if proc else None, args.timeout)
@@ -232,11 +206,7 @@ def main(argv: List[str] | None = None) -> None:
                             "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "latency s p50/p90/p99"], rows))
     finally:
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_server(proc)
 
 
 if __name__ == "__main__":
