@@ -3,8 +3,10 @@
 ``ENV.DISABLE_OVERLAP_SCHEDULING.value = True`` turns overlap scheduling (chapter 11) off,
 as chapter 7's example does to show the plain loop. ``MINISGL_TORCH_KERNELS=1`` keeps the
 torch reference kernels on CUDA too, instead of FlashInfer and Triton (chapters 17, 19): the
-switch to reach for when a fast kernel is suspected of a wrong answer. Mirrors upstream
-``minisgl.env``.
+switch to reach for when a fast kernel is suspected of a wrong answer.
+``MINISGL_DISABLE_GEMV=1`` sends only the small-batch linear layers back to ``F.linear``
+(cuBLAS) and keeps the other Triton kernels (chapter 19's GEMV, for comparisons). Mirrors
+upstream ``minisgl.env`` (which has neither of the kernel switches).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class _Env:
     def __init__(self) -> None:
         self.DISABLE_OVERLAP_SCHEDULING = EnvBool("MINISGL_DISABLE_OVERLAP_SCHEDULING")
         self.TORCH_KERNELS = EnvBool("MINISGL_TORCH_KERNELS")
+        self.DISABLE_GEMV = EnvBool("MINISGL_DISABLE_GEMV")
 
 
 ENV = _Env()

@@ -8,25 +8,36 @@ input and picks:
   ``flashinfer`` imports;
 * Triton (``triton_store``, chapter 19) for the KV store and the embedding gather, when
   the tensor is on CUDA and ``triton`` imports;
+* Triton (``triton_gemv``, chapter 19) for linear layers of at most ``GEMV_MAX_M`` rows
+  whose weight is at least as wide as it is tall (``K >= N``), in ``float16``/``bfloat16``
+  on CUDA, unless ``MINISGL_DISABLE_GEMV=1``; ``F.linear`` (cuBLAS on CUDA) for every other
+  linear layer;
 * the torch reference (``torch_ops``) otherwise: on the CPU, in float32, or when
   ``MINISGL_TORCH_KERNELS=1`` asks for it.
 
 The choice costs a few attribute reads per call; inside a CUDA graph it is made once, at
 capture. The switch lives in ``minisgl.env`` (chapter 7) and is imported only on the CUDA
 path, so the CPU-only chapters before it need no ``env.py``. Mirrors upstream
-``minisgl.kernel`` (which has no fallback: upstream is CUDA only).
+``minisgl.kernel`` (which has no fallback: upstream is CUDA only, and has no GEMV kernel:
+its linear layers call ``F.linear``).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from . import fi_ops, torch_ops
 
 _FI_DTYPES = (torch.float16, torch.bfloat16)
+# Where the Triton GEMV beats cuBLAS, measured on an H200 (benchmarks/gemv.py, chapter 19):
+# at 1 or 2 rows, on weights with K >= N (o_proj, down_proj), which cuBLAS's one-row kernels
+# read at 330-950 GB/s against the GEMV's 700-1,070. On wide weights (qkv, gate_up, the LM
+# head) cuBLAS already streams at 1.6-4 TB/s, and from 4 rows on its GEMM tiles win.
+GEMV_MAX_M = 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,6 +110,43 @@ def apply_rotary(
     return torch_ops.apply_rotary(positions, q, k, cos_sin_cache)
 
 
+def _gemv_disabled() -> bool:
+    from minisgl.env import ENV
+
+    return bool(ENV.DISABLE_GEMV)
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear(x, weight)`` goes to the Triton GEMV: a contiguous fp16/bf16
+    ``x: [M, K]`` on CUDA with ``M <= GEMV_MAX_M``, a weight ``[N, K]`` of its dtype with
+    contiguous rows and ``K >= N`` (see ``GEMV_MAX_M``), Triton allowed (``use_triton``) and
+    ``MINISGL_DISABLE_GEMV`` unset."""
+    return (
+        x.dim() == 2
+        and weight.dim() == 2
+        and 0 < x.shape[0] <= GEMV_MAX_M
+        and weight.shape[1] >= weight.shape[0]
+        and x.dtype in _FI_DTYPES
+        and weight.dtype == x.dtype
+        and x.is_contiguous()
+        and weight.stride(-1) == 1
+        and use_triton(x)
+        and not _gemv_disabled()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight.T + bias``: ``x: [T, K]``, ``weight: [N, K]``, ``bias: [N]`` -> ``[T, N]``,
+    like ``F.linear``. At most ``GEMV_MAX_M`` rows on CUDA times a weight with ``K >= N`` (a
+    small decode batch in ``o_proj`` or ``down_proj``) use the Triton GEMV
+    (``triton_gemv.gemv``); everything else, the CPU included, is ``F.linear`` itself."""
+    if use_gemv(x, weight) and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous())):
+        from . import triton_gemv
+
+        return triton_gemv.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def store_cache(
     k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
@@ -124,10 +172,12 @@ __all__ = [
     "apply_rotary",
     "embedding_gather",
     "fused_add_rms_norm",
+    "linear",
     "rms_norm",
     "silu_and_mul",
     "store_cache",
     "triton_available",
     "use_flashinfer",
+    "use_gemv",
     "use_triton",
 ]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import embedding_gather
+from minisgl.kernel import embedding_gather, linear
 
 from .base import BaseOP
 from .shard import vocab_range
@@ -59,7 +59,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         batch = get_global_ctx().batch
         if batch.is_prefill:
             x = x[batch.attn_metadata.get_last_indices(batch.padded_size)]
-        logits = F.linear(x, self.weight)  # [B, ceil(V / tp)]: equal on every rank
+        logits = linear(x, self.weight)  # [B, ceil(V / tp)]: equal on every rank
         if self._tp_size > 1:
             # gather along dim 0 (the collective's), then cut the padding rows' logits off;
             # contiguous again, since FlashInfer's sampling kernels take only contiguous logits

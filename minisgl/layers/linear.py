@@ -5,7 +5,9 @@ projections; one matmul with the weights stacked along the output dim does the w
 three (or two) and launches one kernel. The loader (``models/weight.py``) stacks the
 checkpoint's separate weights in that order. Under tensor parallelism (chapter 16) each
 rank owns a slice: column-parallel layers split the output dim, row-parallel ones the
-input dim and sum the partial results with an all-reduce.
+input dim and sum the partial results with an all-reduce. The product itself is
+``kernel.linear``: ``F.linear``, or on CUDA for one- and two-row products the Triton GEMV of
+chapter 19.
 
 Mirrors upstream ``minisgl.layers.linear``.
 """
@@ -15,9 +17,9 @@ from __future__ import annotations
 from typing import List
 
 import torch
-import torch.nn.functional as F
 
 from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.kernel import linear
 from minisgl.utils import div_even
 
 from .base import BaseOP
@@ -31,7 +33,7 @@ class _Linear(BaseOP):
         self.bias = torch.empty(local_out) if has_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class LinearReplicated(_Linear):
@@ -82,9 +84,9 @@ class LinearRowParallel(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return linear(x, self.weight, self.bias)
         # the bias must be added once, not once per rank, so it joins after the sum
-        y = self._comm.all_reduce(F.linear(x, self.weight))
+        y = self._comm.all_reduce(linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
