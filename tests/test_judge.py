@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -303,6 +304,26 @@ def test_a_gpu_exercise_on_the_cpu_is_refused_or_previewed(toy_gpu):
     out = judge(toy_gpu, "902", "--file", str(toy_gpu / "mine.py"), "--device", "cpu", "--quick")
     assert "Verdict: Accepted · 1 / 1 cases (1 skipped)" in out.stdout, out.stdout
     assert "CPU preview only: 1 GPU cases were skipped" in out.stdout
+
+
+def test_check_with_jobs_prints_the_same_report_and_verdicts_as_one_at_a_time(toy_gpu):
+    """`check --jobs 2` (three exercises: sound, GPU-only, unsound): each exercise's report
+    whole, in the exercises' order, the same summary and the same exit status."""
+    ex = toy_gpu / "practice" / "exercises" / "903_toy_unsound"
+    ex.mkdir()
+    (ex / "problem.md").write_text(PROBLEM.replace("id: 901", "id: 903").replace("Toy: add", "Toy: unsound"))
+    (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 903: add")\n')
+    (ex / "test_toy_add.py").write_text(OWN_TESTS)
+    one = judge(toy_gpu, "check", "--device", "cpu", timeout=300)
+    two = judge(toy_gpu, "check", "--device", "cpu", "--jobs", "2", timeout=300)
+    assert one.returncode == two.returncode == 1, one.stdout + two.stdout
+    assert "failed 1 [903], partly checked without a GPU (not judged) [902]" in two.stdout, two.stdout
+    assert "903 Toy: unsound" in two.stdout and "starter is accepted but must fail" in two.stdout
+
+    def untimed(out: str) -> str:
+        return re.sub(r" in \d+\.\d s$", "", out.rstrip())
+
+    assert untimed(two.stdout) == untimed(one.stdout)
 
 
 def test_doctor_runs(toy):

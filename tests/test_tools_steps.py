@@ -5,6 +5,7 @@ Nothing here touches the real engine; each test writes its own repository under 
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -230,6 +231,72 @@ def test_check_runs_each_step_on_its_own_files_and_catches_a_forward_reach(tmp_p
         "chapter 3 (minisgl/engine/__init__.py)"]
     assert (root / "build/steps/02/minisgl/layers/linear.py").exists()
     assert not (root / "build/steps/02/minisgl/engine").exists()
+
+
+def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(tmp_path, monkeypatch, capsys):
+    """check keeps each main's stdout with a fingerprint of what it ran; outputs.py --check
+    --from-steps takes it instead of a rerun only while the files are the same, and a stale
+    outputs/*.txt fails either way."""
+    import outputs
+
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    root = make_repo(tmp_path)
+    (root / "minisgl/core.py").write_text("VALUE = 42\n")
+    (root / "examples/ch01_core.py").write_text("import minisgl.core\nprint('value', minisgl.core.VALUE)\n")
+    (root / "tests/test_ch01_core.py").write_text("def test_nothing():\n    pass\n")
+    ms = steps.load_manifests(root)
+    assert steps.check_chapter(1, ms, root, timeout=120).ok
+    (root / "outputs").mkdir()
+    (root / "outputs/ch01_core.txt").write_text("value 42\n")
+    check = ["--root", str(root), "--check", "--from-steps", "ch01_core"]
+    capsys.readouterr()
+    assert outputs.main(check) == 0
+    assert "ok    ch01_core (stdout of the same files from tools/steps.py check" in capsys.readouterr().out
+
+    (root / "outputs/ch01_core.txt").write_text("value 41\n")  # a stale captured output
+    assert outputs.main(check) == 1
+    out = capsys.readouterr().out
+    assert "-value 41" in out and "+value 42" in out
+
+    (root / "outputs/ch01_core.txt").write_text("value 42\n")
+    (root / "minisgl/core.py").write_text("VALUE = 43\n")  # the engine changed since the steps ran
+    assert outputs.main(check) == 1  # so the example is rerun, and its new output is stale
+    out = capsys.readouterr().out
+    assert "+value 43" in out and "from tools/steps.py" not in out
+
+    (root / "examples/ch01_core.py").write_text("raise SystemExit(3)\n")
+    assert not steps.check_chapter(1, ms, root, timeout=120).ok
+    assert not (root / "build/steps/stdout/ch01_core.json").exists()  # a failed run leaves nothing
+
+    # a run that went on without a module its step hides (chapter 3's engine) ran other code
+    # than a run from the repository would: not kept either
+    (root / "examples/ch01_core.py").write_text(
+        "try:\n    import minisgl.engine\nexcept ImportError:\n    print('no engine yet')\n")
+    assert steps.check_chapter(1, ms, root, timeout=120).ok
+    assert not (root / "build/steps/stdout/ch01_core.json").exists()
+
+
+def test_jobs_hand_results_back_in_order_and_give_each_child_one_thread(monkeypatch):
+    import subprocess
+    import time
+
+    import jobs
+
+    def late(i: int, delay: float) -> int:
+        time.sleep(delay)
+        return i
+
+    calls = [(late, (0, 0.3)), (late, (1, 0.0)), (late, (2, 0.1))]
+    assert list(jobs.in_order(calls, 3)) == [0, 1, 2]
+    assert list(jobs.in_order(calls, 1)) == [0, 1, 2]
+    threads = "import os; print(os.environ.get('OMP_NUM_THREADS'))"
+    child = (subprocess.check_output, ([sys.executable, "-c", threads],))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert list(jobs.in_order([child, child], 2)) == [b"1\n", b"1\n"]
+    assert "OMP_NUM_THREADS" not in os.environ  # put back
+    assert list(jobs.in_order([child], 1)) == [b"None\n"]  # one at a time: left alone
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert list(jobs.in_order([child, child], 2)) == [b"3\n", b"3\n"]  # the caller's choice stands
 
 
 LEAKY_FINDER = """

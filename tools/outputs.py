@@ -3,6 +3,7 @@
     python tools/outputs.py                   # run every captured example, (re)write outputs/
     python tools/outputs.py ch07_scheduler    # only this one
     python tools/outputs.py --check           # rerun the deterministic ones; fail on stale files
+    python tools/outputs.py --check --from-steps --jobs 2   # CI: reuse what steps.py check ran
     python tools/outputs.py --list            # which examples are captured, and how they are checked
 
 Which examples: every chapter's `main` and `extra_mains` (chapters/chNN_<slug>/chapter.toml), and any
@@ -21,8 +22,13 @@ Nondeterministic output is declared in the example itself, by a comment line:
                                     before comparing. Several mask lines may be given.
 
 `--check` prints a unified diff per stale file and exits 1 listing them; a missing output
-counts as stale. Outputs depend on the machine they were captured on (CPU here, float32):
-capture them on the machine the book's prose describes.
+counts as stale. With `--from-steps` it takes an example's stdout from the last
+`tools/steps.py check` instead of rerunning it, but only when that run's fingerprint (the
+SHA-256 of every file it could read, the models, the interpreter and the settings: see
+tools/captured.py) still holds for the repository now; the others are rerun. `--jobs N` runs
+N examples at once (one thread per child then, tools/jobs.py). Outputs depend on the machine
+they were captured on (CPU here, float32): capture them on the machine the book's prose
+describes.
 """
 
 from __future__ import annotations
@@ -35,13 +41,15 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple, Union
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tools import captured  # noqa: E402
 from tools.docs.chapters import load_chapters  # noqa: E402
+from tools.jobs import in_order  # noqa: E402
 
 CAPTURE = re.compile(r"^#\s*capture-output\s*$", re.M)
 NONDETERMINISTIC = re.compile(r"^#\s*output:\s*nondeterministic\s*$", re.M)
@@ -81,7 +89,7 @@ def run(example: Example, root: Path, timeout: float) -> str:
     if not example.path.is_file():
         raise RuntimeError(f"{example.path.relative_to(root)} does not exist")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               PYTHONHASHSEED="0", PYTHONIOENCODING="utf-8")
+               **captured.ENV)
     try:
         proc = subprocess.run([sys.executable, str(example.path.relative_to(root))], cwd=root, env=env,
                               capture_output=True, text=True, timeout=timeout)
@@ -93,14 +101,31 @@ def run(example: Example, root: Path, timeout: float) -> str:
     return proc.stdout
 
 
+def _stdout(example: Example, root: Path, timeout: float, reuse: bool) -> Tuple[Union[str, RuntimeError], str]:
+    """(the example's stdout, or the error of its run; where it came from, for the report)."""
+    if reuse:
+        text = captured.load(root, example.name)
+        if text is not None:
+            return text, f" (stdout of the same files from tools/steps.py check, {captured.STORE.as_posix()})"
+    try:
+        return run(example, root, timeout), ""
+    except RuntimeError as err:
+        return err, ""
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="example names (ch07_scheduler); all when none")
     parser.add_argument("--check", action="store_true", help="fail listing stale outputs, with diffs")
     parser.add_argument("--list", action="store_true", help="list the captured examples")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per example")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="examples run at once (default 1)")
+    parser.add_argument("--from-steps", action="store_true",
+                        help="with --check: reuse the stdout of `tools/steps.py check` runs of the same files")
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.from_steps and not args.check:
+        parser.error("--from-steps only makes sense with --check")
     root = args.root.resolve()
     examples = discover(root)
     if args.names:
@@ -121,18 +146,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_dir.mkdir(exist_ok=True)
     failed: List[str] = []
     stale: List[str] = []
+    todo: List[Example] = []
     for e in examples:
-        target = out_dir / f"{e.name}.txt"
         if not e.path.is_file():
             print(f"skip  {e.name} (examples/{e.name}.py is not written yet)")
-            continue
-        if args.check and not e.deterministic:
+        elif args.check and not e.deterministic:
             print(f"skip  {e.name} (nondeterministic)")
-            continue
-        try:
-            text = run(e, root, args.timeout)
-        except RuntimeError as err:
-            print(f"FAIL  {e.name}: {err}", file=sys.stderr)
+        else:
+            todo.append(e)
+    reuse = args.check and args.from_steps
+    results = in_order([(_stdout, (e, root, args.timeout, reuse)) for e in todo], args.jobs)
+    for e, (text, source) in zip(todo, results, strict=True):
+        target = out_dir / f"{e.name}.txt"
+        if isinstance(text, RuntimeError):
+            print(f"FAIL  {e.name}: {text}", file=sys.stderr)
             failed.append(e.name)
             continue
         if args.check:
@@ -140,10 +167,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if e.normalise(old) != e.normalise(text):
                 stale.append(f"outputs/{e.name}.txt")
                 diff = difflib.unified_diff(old.splitlines(), text.splitlines(), f"outputs/{e.name}.txt",
-                                            f"python examples/{e.name}.py", lineterm="")
+                                            f"python examples/{e.name}.py{source}", lineterm="")
                 print("\n".join(diff))
             else:
-                print(f"ok    {e.name}")
+                print(f"ok    {e.name}{source}")
         else:
             target.write_text(text, encoding="utf-8")
             print(f"wrote outputs/{e.name}.txt ({len(text.splitlines())} lines)")

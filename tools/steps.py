@@ -16,6 +16,9 @@ copy: an installed (even editable) minisgl cannot fill in a module the chapter h
 introduced yet. When a step fails for that reason, the failure names the file and the
 chapter that introduces it ("chapter 5 reaches forward: ..."). Mains listed in a manifest's
 ``final_mains`` preview the finished engine and run against the full repository instead.
+Every main runs as ``tools/outputs.py`` runs it; the stdout of each successful run is kept
+in ``build/steps/stdout/`` with a fingerprint of what it ran (tools/captured.py), for
+``tools/outputs.py --check --from-steps``.
 
 Importable API (used by the docs hook): load_manifests, files_so_far, render_tree,
 static_problems, Manifest.
@@ -31,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -56,6 +58,10 @@ if __package__:  # imported as tools.steps
     from . import manifest as _manifest
 else:  # run as a script, or imported by path
     _manifest = _load_sibling("manifest")
+if __package__:
+    from . import captured as _captured, jobs as _jobs
+else:
+    _captured, _jobs = _load_sibling("captured"), _load_sibling("jobs")
 
 ENGINE, ROOT, Manifest = _manifest.ENGINE, _manifest.ROOT, _manifest.Manifest
 files_so_far, get_manifest = _manifest.files_so_far, _manifest.get_manifest
@@ -77,9 +83,19 @@ GUARD = '''\
 # module the chapter has not introduced yet fails to import even when another copy
 # of minisgl is installed (an editable install would otherwise fill it in).
 import importlib.machinery
+import os
 import sys
 
 _STEP = {step!r}
+
+
+def _note(fullname):
+    """Record a hidden module where $STEP_GUARD_MISSES says (a main's stdout is reused by
+    tools/outputs.py only when its run hid nothing: tools/captured.py)."""
+    path = os.environ.get("STEP_GUARD_MISSES")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(fullname + "\\n")
 
 
 class _StepOnlyFinder:
@@ -90,6 +106,7 @@ class _StepOnlyFinder:
         where = [_STEP] if fullname == "minisgl" else path
         spec = importlib.machinery.PathFinder.find_spec(fullname, where)
         if spec is None:
+            _note(fullname)
             raise ModuleNotFoundError(f"No module named {{fullname!r}}", name=fullname)
         return spec
 
@@ -247,30 +264,33 @@ def _explain(n: int, name: str, candidates: list[str], intro: dict[str, int],
 # ------------------------------------------------------------------------------ running
 
 
-def _env(pythonpath: Path) -> dict[str, str]:
+def _env(pythonpath: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(pythonpath)  # replaces, never extends: only this tree counts
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
     return env
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+def _run(cmd: list[str], cwd: Path, timeout: float,
+         extra_env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """(exit status, stdout + stderr, stdout) of ``cmd`` run in ``cwd``."""
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd), capture_output=True, text=True,
-                              timeout=timeout)
-        return proc.returncode, proc.stdout + proc.stderr
+        proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd, extra_env), capture_output=True,
+                              text=True, timeout=timeout)
+        return proc.returncode, proc.stdout + proc.stderr, proc.stdout
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"") + (e.stderr or b"")
         out = out.decode(errors="replace") if isinstance(out, bytes) else out
-        return 124, out + f"\n[timed out after {timeout:.0f} s]"
+        return 124, out + f"\n[timed out after {timeout:.0f} s]", ""
 
 
 def _verify_import(cwd: Path, expect_engine: bool, timeout: float) -> tuple[str | None, str]:
     """Check in a subprocess that ``import minisgl`` resolves inside ``cwd`` (or fails if
     the step has no engine files yet). Returns a problem or None, and the output."""
     code = "import minisgl; print(minisgl.__file__)"
-    rc, out = _run([sys.executable, "-c", code], cwd, timeout)
+    rc, out, _ = _run([sys.executable, "-c", code], cwd, timeout)
     lines = out.strip().splitlines()
     where = lines[-1] if lines else ""
     if not expect_engine:
@@ -289,12 +309,31 @@ def _tail(text: str) -> str:
     return "\n".join(lines[-TAIL_LINES:])
 
 
+def _tops(files: list[str]) -> set[str]:
+    """The top-level names (``minisgl``, ``pyproject.toml``) a step tree of ``files`` has."""
+    return {p.split("/")[0] for p in [*files, *INFRASTRUCTURE, *LINKED]}
+
+
 def _run_commands(outcome: Outcome, commands: list[tuple[str, list[str]]], cwd: Path,
-                  n: int | None, manifests: list[Manifest], root: Path, timeout: float) -> None:
-    """Run each command in cwd; on failure explain it (forward reaches need a chapter n)."""
+                  n: int | None, manifests: list[Manifest], root: Path, timeout: float,
+                  tops: set[str] = frozenset()) -> None:
+    """Run each command in cwd; on failure explain it (forward reaches need a chapter n).
+    A main (``examples/<name>.py``) runs as tools/outputs.py runs it, and its stdout is
+    kept for ``outputs.py --check --from-steps``, fingerprinted over ``tops`` of cwd."""
     logs = []
+    misses = cwd / _captured.GUARD_MISSES
     for label, cmd in commands:
-        rc, out = _run(cmd, cwd, timeout)
+        main = label.startswith("examples/") and label.endswith(".py")
+        misses.unlink(missing_ok=True)
+        env = {**_captured.ENV, "STEP_GUARD_MISSES": str(misses)} if main else None
+        rc, out, stdout = _run(cmd, cwd, timeout, env)
+        if main:
+            name = Path(label).stem
+            if rc == 0 and not misses.exists():  # it ran, and the guard hid no module from it
+                _captured.save(root, name, stdout, _captured.fingerprint(cwd, tops, root))
+            else:
+                _captured.forget(root, name)
+            misses.unlink(missing_ok=True)
         shown = " ".join("<import each module>" if a == IMPORT_ALL else a for a in cmd)
         logs.append(f"$ {shown}   (cwd {cwd}, exit {rc})\n{out}")
         outcome.ran.append(label)
@@ -338,7 +377,8 @@ def check_chapter(n: int, manifests: list[Manifest], root: Path | None = None,
         if tests:
             commands.append(("tests", [sys.executable, "-m", "pytest", "-q",
                                        "-p", "no:cacheprovider", *tests]))
-        _run_commands(outcome, commands, dest, n, manifests, root, timeout)
+        _run_commands(outcome, commands, dest, n, manifests, root, timeout,
+                      {p.name for p in dest.iterdir()})
         (dest / "check.log").write_text(outcome.log)
         outcome.log_path = (dest / "check.log").relative_to(root).as_posix()
     outcome.seconds = time.monotonic() - start
@@ -360,8 +400,9 @@ def check_final_main(path: str, n: int, manifests: list[Manifest], root: Path | 
             outcome.ok = False
             outcome.problems.append(problem)
         else:
+            tops = _tops([f for m in manifests for f in m.tree_files])
             _run_commands(outcome, [(path, [sys.executable, path])], root, None, manifests,
-                          root, timeout)
+                          root, timeout, tops)
     outcome.seconds = time.monotonic() - start
     return outcome
 
@@ -399,17 +440,14 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         finals = dict.fromkeys((p, m.number) for m in chosen for p in m.final_mains)
         jobs += [(p, lambda p=p, n=n: check_final_main(p, n, manifests, root, args.timeout))
                  for p, n in finals]
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(fn) for _, fn in jobs]
-        outcomes: list[Outcome] = []
-        for fut in futures:
-            out = fut.result()
-            outcomes.append(out)
-            log = f", log {out.log_path}" if out.log_path and not out.ok else ""
-            print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})",
-                  flush=True)
-            for p in out.problems:
-                print("     " + p.replace("\n", "\n     "))
+    outcomes: list[Outcome] = []
+    for out in _jobs.in_order([(fn, ()) for _, fn in jobs], args.jobs):
+        outcomes.append(out)
+        log = f", log {out.log_path}" if out.log_path and not out.ok else ""
+        print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})",
+              flush=True)
+        for p in out.problems:
+            print("     " + p.replace("\n", "\n     "))
 
     print("\nsummary")
     print(f"  {'step':<40} {'result':<6} {'time':>8}  ran")
@@ -432,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     tree.add_argument("--format", choices=["text", "markdown"], default="text")
     check = sub.add_parser("check", help="rebuild chapters 0..N and run each one's main and tests")
     check.add_argument("chapters", type=int, nargs="*", help="chapter numbers (default: all)")
-    check.add_argument("--jobs", "-j", type=int, default=1, help="steps run at once (default 1)")
+    check.add_argument("--jobs", "-j", type=int, default=1,
+                       help="steps run at once (default 1; more: one thread per child, tools/jobs.py)")
     check.add_argument("--timeout", type=float, default=1800, help="seconds per command")
     check.add_argument("--static-only", action="store_true", help="only check the manifests")
     check.add_argument("--allow-unlisted", action="store_true",

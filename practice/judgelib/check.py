@@ -14,13 +14,23 @@ checks, then its own tests on the CPU (the GPU cases skip), engine against start
 answer that only the GPU cases catch is a note there, not an error (the starter must still
 fail). The report says so and
 never calls such an exercise sound: only ``check`` on a CUDA machine judges it.
+
+``check --jobs N`` checks N exercises at once, each in a worker process of its own whose
+report is printed as one block when it is done, in the exercises' order (tools/jobs.py, as
+``tools/steps.py check --jobs``). Side by side they cannot collide: every run has its own
+sandbox and ``TMPDIR`` (the engine's IPC sockets and rendezvous files live there), and a
+server under test takes a free port from the kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -107,34 +117,65 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
     return errors
 
 
-def check(root: Path, ids: List[int], opts: Options) -> int:
+def check_exercise(root: Path, p: P.Problem, opts: Options) -> str:
+    """Check one exercise, printing its report; return "sound", "failed", "partly" or "skipped"."""
+    print(f"{p.id} {p.title}")
+    why = cannot_judge(root, p, opts.device)
+    if why == NEEDS_GPU:
+        print("    no CUDA here: static checks and the exercise's own tests on the CPU only")
+        cpu = Options("cpu", opts.time_limit, opts.keep, quiet=True, quick=True)
+        errors = check_one(root, p, cpu, partial=True)
+        for e in errors:
+            print(f"  ✗ {e}")
+        print("  ✗ NOT SOUND" if errors else
+              f"  ◐ partly checked, NOT judged: run `python practice/judge.py check {p.id}` on a CUDA GPU")
+        return "failed" if errors else "partly"
+    if why:
+        print(f"    skipped: {why}")
+        return "skipped"
+    errors = check_one(root, p, opts)
+    for e in errors:
+        print(f"  ✗ {e}")
+    print(f"  {'✓ sound' if not errors else '✗ NOT SOUND'}")
+    return "failed" if errors else "sound"
+
+
+def _report_of(root: Path, pid: int, opts: Options) -> tuple[str, str]:
+    """In a worker process: (the report ``check_exercise`` prints, its result)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # a worker checks one exercise at a time
+        result = check_exercise(root, P.find(root / "practice" / "exercises", pid), opts)
+    return out.getvalue(), result
+
+
+def _jobs_module():
+    """tools/jobs.py of the checkout this judge belongs to (shared with tools/steps.py)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "jobs.py"
+    name = "_book_tools_jobs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def check(root: Path, ids: List[int], opts: Options, jobs: int = 1) -> int:
+    """Check the exercises ``ids`` (all when empty), ``jobs`` at a time; 1 when any is not sound."""
     t0 = time.perf_counter()
     all_problems = P.load_all(root / "practice" / "exercises")
     chosen = [p for p in all_problems if not ids or p.id in ids]
-    failed, skipped, partly = [], [], []
-    for p in chosen:
-        print(f"{p.id} {p.title}")
-        why = cannot_judge(root, p, opts.device)
-        if why == NEEDS_GPU:
-            print("    no CUDA here: static checks and the exercise's own tests on the CPU only")
-            cpu = Options("cpu", opts.time_limit, opts.keep, quiet=True, quick=True)
-            errors = check_one(root, p, cpu, partial=True)
-            for e in errors:
-                print(f"  ✗ {e}")
-            print("  ✗ NOT SOUND" if errors else
-                  f"  ◐ partly checked, NOT judged: run `python practice/judge.py check {p.id}` on a CUDA GPU")
-            (failed if errors else partly).append(p.id)
-            continue
-        if why:
-            print(f"    skipped: {why}")
-            skipped.append(p.id)
-            continue
-        errors = check_one(root, p, opts)
-        for e in errors:
-            print(f"  ✗ {e}")
-        print(f"  {'✓ sound' if not errors else '✗ NOT SOUND'}")
-        if errors:
-            failed.append(p.id)
+    if jobs <= 1:  # in this process, each line printed as it comes
+        results = [check_exercise(root, p, opts) for p in chosen]
+    else:
+        results = []
+        calls = [(_report_of, (root, p.id, opts)) for p in chosen]
+        for report, result in _jobs_module().in_order(calls, jobs, processes=True):
+            print(report, end="", flush=True)
+            results.append(result)
+    failed = [p.id for p, r in zip(chosen, results, strict=True) if r == "failed"]
+    skipped = [p.id for p, r in zip(chosen, results, strict=True) if r == "skipped"]
+    partly = [p.id for p, r in zip(chosen, results, strict=True) if r == "partly"]
     print(f"\nchecked {len(chosen) - len(skipped) - len(partly)}, failed {len(failed)} {failed or ''}"
           f"{f', partly checked without a GPU (not judged) {partly}' if partly else ''}"
           f"{f', skipped {skipped}' if skipped else ''} in {time.perf_counter() - t0:.1f} s")

@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--file", type=Path, help="judge this file instead of practice/workspace/<id>_<slug>.py")
     c = sub.add_parser("check", help="maintainers: engine passes, starter fails, signatures match")
     c.add_argument("ids", type=int, nargs="*")
+    c.add_argument("--jobs", "-j", type=int, default=1,
+                   help="exercises checked at once, each report printed whole when done (default 1)")
     for q in (t, c):
         q.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
         q.add_argument("--time-limit", type=float, help="seconds per case (default: from problem.md)")
@@ -163,7 +165,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cmd == "check":
             from .check import check
 
-            return check(root, args.ids, Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick))
+            return check(root, args.ids, Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick),
+                         args.jobs)
         _parser().print_help()
         return 2
     except KeyboardInterrupt:

@@ -110,7 +110,7 @@ def judge(problem: Problem, res: RunResult, time_limit: float, total_limit: floa
             return _with(v, TLE, None, problem, f"the run went past its total limit of {total_limit:.0f} s")
         if res.killed_for == "collect":
             return _with(v, TLE, None, problem, "importing your module and the tests did not finish "
-                         f"(a loop at module level?)\n" + trim(res.log_tail, 15, tail=True))
+                         "(a loop at module level?)\n" + trim(res.log_tail, 15, tail=True))
         if not res.finished or res.returncode not in (0, 5):
             return _with(v, RUNTIME, None, problem,
                          _describe_exit(res.returncode) + " outside any test case\n" + trim(res.log_tail, 15, tail=True))
