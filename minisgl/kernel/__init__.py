@@ -9,7 +9,7 @@ input and picks:
 * Triton (``triton_store``, chapter 19) for the KV store and the embedding gather, when
   the tensor is on CUDA and ``triton`` imports;
 * Triton (``triton_gemv``, chapter 19) for linear layers of at most ``GEMV_MAX_M`` rows
-  whose weight is at least as wide as it is tall (``K >= N``), in ``float16``/``bfloat16``
+  whose weight has at least as many inputs as outputs (``K >= N``), in ``float16``/``bfloat16``
   on CUDA, unless ``MINISGL_DISABLE_GEMV=1``; ``F.linear`` (cuBLAS on CUDA) for every other
   linear layer;
 * the torch reference (``torch_ops``) otherwise: on the CPU, in float32, or when
@@ -35,8 +35,9 @@ from . import fi_ops, torch_ops
 _FI_DTYPES = (torch.float16, torch.bfloat16)
 # Where the Triton GEMV beats cuBLAS, measured on an H200 (benchmarks/gemv.py, chapter 19):
 # at 1 or 2 rows, on weights with K >= N (o_proj, down_proj), which cuBLAS's one-row kernels
-# read at 330-950 GB/s against the GEMV's 700-1,070. On wide weights (qkv, gate_up, the LM
-# head) cuBLAS already streams at 1.6-4 TB/s, and from 4 rows on its GEMM tiles win.
+# read at 330-950 GB/s against the GEMV's 700-1,070. Where N > K (qkv, gate_up, the LM head)
+# cuBLAS already streams at 1.6-4 TB/s; at 4 rows the GEMV's lead is small or gone, and at 8
+# rows cuBLAS wins on every shape.
 GEMV_MAX_M = 2
 
 
