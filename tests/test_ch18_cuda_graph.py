@@ -44,6 +44,8 @@ def test_the_server_takes_cuda_graph_max_bs():
 
     assert parse_args(["--model", "m", "--cuda-graph-max-bs", "0"], "/tmp").cuda_graph_max_bs == 0
     assert parse_args(["--model", "m"], "/tmp").cuda_graph_max_bs is None  # the engine's default (256)
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "m", "--cuda-graph-max-bs", "-1"], "/tmp")
 
 
 def test_a_batch_pads_to_the_next_captured_size():

@@ -78,6 +78,8 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
                    help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
     ns = vars(p.parse_args(argv))
     tp_size = ns.pop("tp_size")
+    if ns["cuda_graph_max_bs"] is not None and ns["cuda_graph_max_bs"] < 0:
+        p.error(f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}")
     if tp_size != 1:  # refuse a rank count the heads cannot be split over, before any process starts
         try:
             mc = ModelConfig.from_hf(cached_load_hf_config(ns["model_path"]))
