@@ -1,7 +1,10 @@
 """What an MoE backend does: route each token to its experts and sum their outputs.
 
-Mirrors upstream ``minisgl.moe.base.BaseMoeBackend`` (without its
-``apply_router_weight_on_input`` switch, which no model of this book uses).
+Every backend routes the same way (``routing.fused_topk``); they differ only in how they
+run the chosen experts, so ``forward`` routes and a backend implements ``experts``.
+Mirrors upstream ``minisgl.moe.base.BaseMoeBackend`` (where each backend's ``forward``
+routes by itself; without its ``apply_router_weight_on_input`` switch, which no model of
+this book uses).
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+
+from .routing import fused_topk
 
 
 class BaseMoeBackend(ABC):
@@ -21,7 +26,6 @@ class BaseMoeBackend(ABC):
 
     supports_cuda_graph: bool = True
 
-    @abstractmethod
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -46,4 +50,25 @@ class BaseMoeBackend(ABC):
         Returns:
             ``[T, H]`` in ``hidden_states``' dtype: this rank's partial sum under tensor
             parallelism (the layer all-reduces it).
+
+        Raises:
+            ValueError: for an activation other than ``"silu"``.
+        """
+        if activation != "silu":
+            raise ValueError(f"unsupported expert activation {activation!r} (only silu)")
+        topk_weights, topk_ids = fused_topk(gating_output, topk, renormalize)
+        return self.experts(hidden_states, w1, w2, topk_weights, topk_ids)
+
+    @abstractmethod
+    def experts(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each token's chosen experts, weighted and summed: ``[T, H]``, as ``forward``.
+
+        ``topk_weights``: ``[T, k]`` float32 router weights; ``topk_ids``: ``[T, k]`` expert ids.
         """

@@ -28,7 +28,7 @@ import torch
 from minisgl.kernel import silu_and_mul
 
 from .base import BaseMoeBackend
-from .routing import fused_topk, moe_align_block_size
+from .routing import moe_align_block_size
 
 
 def get_default_config(num_tokens: int, num_experts: int) -> Dict[str, int]:
@@ -90,17 +90,12 @@ def fused_experts(
 class FusedMoe(BaseMoeBackend):
     """Router top-k, then :func:`fused_experts` (Triton: CUDA, or the CPU interpreter)."""
 
-    def forward(
+    def experts(
         self,
         hidden_states: torch.Tensor,
         w1: torch.Tensor,
         w2: torch.Tensor,
-        gating_output: torch.Tensor,
-        topk: int,
-        renormalize: bool,
-        activation: str = "silu",
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
     ) -> torch.Tensor:
-        if activation != "silu":
-            raise ValueError(f"unsupported expert activation {activation!r} (only silu)")
-        topk_weights, topk_ids = fused_topk(gating_output, topk, renormalize)
         return fused_experts(hidden_states.contiguous(), w1, w2, topk_weights, topk_ids)

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from minisgl.kernel import torch_ops
 
 from .base import BaseMoeBackend
-from .routing import fused_topk
 
 
 def torch_experts(
@@ -45,17 +44,12 @@ class TorchMoe(BaseMoeBackend):
 
     supports_cuda_graph = False  # torch_experts asks the GPU which experts were hit
 
-    def forward(
+    def experts(
         self,
         hidden_states: torch.Tensor,
         w1: torch.Tensor,
         w2: torch.Tensor,
-        gating_output: torch.Tensor,
-        topk: int,
-        renormalize: bool,
-        activation: str = "silu",
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
     ) -> torch.Tensor:
-        if activation != "silu":
-            raise ValueError(f"unsupported expert activation {activation!r} (only silu)")
-        topk_weights, topk_ids = fused_topk(gating_output, topk, renormalize)
         return torch_experts(hidden_states, w1, w2, topk_weights, topk_ids)
