@@ -14,36 +14,27 @@ SIGTERM stops all three processes.
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import psutil
+
+from minisgl.server.local import free_port, wait_ready
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
 parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 url = f"http://127.0.0.1:{port}"
 server = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port),
                            "--device", args.device, "--max-seq-len", "1024", "--num-pages", "8192"],
                           stdout=subprocess.DEVNULL)
 print(f"$ python -m minisgl --model {args.model} --port <free port> --device {args.device}")
-while True:  # ready once /health answers (the model loads first)
-    try:
-        health = httpx.get(f"{url}/health", timeout=2).json()
-        break
-    except httpx.HTTPError:
-        if server.poll() is not None:
-            sys.exit("the server exited during start-up")
-        time.sleep(0.5)
+health = wait_ready(url, server, None, timeout=600)  # /health answers once the model has loaded
 print("processes:", ", ".join(["API server (this one's child)", *health["workers"]]))
 
 client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)

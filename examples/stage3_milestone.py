@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from minisgl.server.local import free_port, wait_ready
 
 QUESTIONS = ["What is the capital of France?", "Name three fruits.", "What is 12 times 12?",
              "Say hello in Spanish.", "What colour is the sky?", "Write a haiku about rain."]
@@ -38,9 +38,7 @@ parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/S
 parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+port = free_port()
 url = f"http://127.0.0.1:{port}"
 # float32 and the torch attention backend on any device: the offline answers below must match
 cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port), "--device", args.device,
@@ -56,14 +54,7 @@ chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tok
 offline = [o["text"] for o in llm.generate(chats, SamplingParams(max_tokens=MAX_TOKENS))]
 llm.shutdown()
 
-while True:
-    try:
-        health = httpx.get(f"{url}/health", timeout=2).json()
-        break
-    except httpx.HTTPError:
-        if server.poll() is not None:
-            sys.exit("the server exited during start-up")
-        time.sleep(0.5)
+health = wait_ready(url, server, None, timeout=600)
 workers = {name: psutil.Process(pid) for name, pid in health["workers"].items()}
 print("processes:", ", ".join(["api server", *workers]))
 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
