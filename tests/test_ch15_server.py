@@ -197,6 +197,27 @@ def test_models_health_and_stats(server):
     assert stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]
 
 
+BAD_LAUNCHES = [
+    (["--model", "models/nope"], "no model at 'models/nope'"),
+    (["--device", "tpu"], "--device must be cpu or cuda"),
+    (["--port", "<busy>"], "is in use: pick another with --port"),
+] + ([] if torch.cuda.is_available() else [(["--device", "cuda"], "torch sees no CUDA GPU")])
+
+
+@pytest.mark.parametrize("extra, message", BAD_LAUNCHES)
+def test_bad_launch_arguments_get_one_line_before_any_worker_starts(qwen3_path, extra, message):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        argv = ["--model", str(qwen3_path), "--device", "cpu", "--port", str(free_port())]
+        argv += [str(busy.getsockname()[1]) if a == "<busy>" else a for a in extra]
+        t0 = time.monotonic()
+        res = subprocess.run([sys.executable, "-m", "minisgl", *argv], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and message in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "starting the workers" not in res.stdout
+    assert time.monotonic() - t0 < 60
+
+
 def test_the_server_listens_on_loopback_only_by_default(server):
     assert parse_args(["--model", "m"], "/tmp").server_host == "127.0.0.1"
     listening = [c.laddr for c in psutil.Process(server.proc.pid).net_connections() if c.status == "LISTEN"]

@@ -193,3 +193,16 @@ def test_collectives_off_keeps_shapes_and_restores_the_communicator():
         comm = DistributedCommunicator()
         assert comm.all_reduce(x) is x and comm.all_gather(x).shape == (3, 4)  # one rank, no process group
     assert DistributedCommunicator.all_reduce is before
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "models/nope"], "no model at 'models/nope'"),  # a local folder: never a hub name
+    (["--tp", "3"], "cannot split the model over 3"),
+    (["--steps", "0"], "--steps must be >= 1"),
+])
+def test_tp_logits_refuses_bad_arguments_in_one_line(qwen3_path, argv, message, capsys):
+    if argv[0] != "--model":
+        argv = ["--model", str(qwen3_path), *argv]
+    with pytest.raises(SystemExit) as exit_info:
+        _tp_logits().main([*argv, "--device", "cpu"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

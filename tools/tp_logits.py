@@ -44,7 +44,9 @@ from tp_compare import PROMPTS  # noqa: E402
 from minisgl.benchmark.manual import greedy, place  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
-from minisgl.utils import div_ceil  # noqa: E402
+from minisgl.layers.shard import check_tp_size  # noqa: E402
+from minisgl.models import ModelConfig  # noqa: E402
+from minisgl.utils import cached_load_hf_config, check_model_path, div_ceil  # noqa: E402
 from minisgl.utils.mp import new_ipc_dir  # noqa: E402
 
 
@@ -104,8 +106,9 @@ def compare(ref: dict, other: dict, tp: int, tolerance: float) -> bool:
 
 def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="models/qwen3-0.6b-shaped")
-    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--model", default="models/qwen3-0.6b-shaped",
+                   help="a local model folder (default: %(default)s, built by tools/models.py qwen3-0.6b-shaped)")
+    p.add_argument("--tp", type=int, default=2, help="ranks to compare with tp=1 (default: %(default)s)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="default: bfloat16 on CUDA, float32 on the CPU")
@@ -113,6 +116,16 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--tolerance", type=float, default=0.02, help="largest |dlogit| as a share of the logit range")
     args = p.parse_args(argv)
+    for name in ("tp", "steps", "page_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 < args.tolerance < 1:
+        p.error(f"--tolerance is a share of the logit range, between 0 and 1; got {args.tolerance}")
+    try:  # a local folder only (never a hub name), and a rank count the heads can be split over
+        mc = ModelConfig.from_hf(cached_load_hf_config(str(check_model_path(args.model))))
+        check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, args.tp)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
     args.torch_dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     if args.device == "cuda" and torch.cuda.device_count() < args.tp:
         raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs; this machine has {torch.cuda.device_count()}")

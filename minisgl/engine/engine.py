@@ -50,6 +50,9 @@ class Engine:
         t0 = time.perf_counter()
         self.config = config
         self.device = torch.device(config.device) if config.device else default_device()
+        if is_cuda(self.device) and not torch.cuda.is_available():
+            raise RuntimeError(f"device {self.device} asked for, but torch sees no CUDA GPU here "
+                               "(a CPU build of torch, or no driver): use device='cpu'")
         if is_cuda(self.device) and self.device.index is None:
             self.device = torch.device("cuda", config.tp_info.rank)
         if is_cuda(self.device):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List
@@ -14,7 +15,7 @@ from minisgl.distributed import DistributedInfo
 from minisgl.layers.shard import check_tp_size
 from minisgl.models import ModelConfig
 from minisgl.scheduler import SchedulerConfig
-from minisgl.utils import cached_load_hf_config
+from minisgl.utils import cached_load_hf_config, check_model_path
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,31 @@ def _device_of(name: str | None) -> str:
     return env or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether a listening socket could bind ``host:port`` now (checked before any worker
+    starts: uvicorn would find out only after the model has loaded)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def preflight(args: ServerArgs) -> str | None:
+    """What would make the launch fail after the workers have started, found before:
+    a missing model (every worker would raise it in turn) or a port already in use
+    (uvicorn finds out only once the model has loaded). None when both are fine."""
+    try:
+        check_model_path(args.model_path)
+    except FileNotFoundError as e:
+        return str(e)
+    if not args.shell and not _port_is_free(args.server_host, args.server_port):
+        return f"port {args.server_port} on {args.server_host} is in use: pick another with --port"
+    return None
+
+
 def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--tp N] [--shell] ...``.
 
@@ -77,6 +103,11 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
                    help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
     ns = vars(p.parse_args(argv))
+    device = _device_of(ns.pop("device"))
+    if device != "cpu" and not device.startswith("cuda"):
+        p.error(f"--device must be cpu or cuda (cuda:N), got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda, but torch sees no CUDA GPU here (a CPU build of torch, or no driver): use --device cpu")
     tp_size = ns.pop("tp_size")
     if ns["cuda_graph_max_bs"] is not None and ns["cuda_graph_max_bs"] < 0:
         p.error(f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}")
@@ -86,7 +117,6 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
             check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp_size)
         except (OSError, ValueError) as e:
             p.error(str(e))
-    device = _device_of(ns.pop("device"))
     dtype = ns.pop("dtype")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"

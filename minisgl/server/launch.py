@@ -34,7 +34,7 @@ from minisgl.distributed import DistributedInfo
 from minisgl.utils import init_logger
 from minisgl.utils.mp import new_ipc_dir
 
-from .args import ServerArgs, parse_args
+from .args import ServerArgs, parse_args, preflight
 
 logger = init_logger("minisgl.server.launch")
 STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint, or compiling kernels on first use
@@ -187,6 +187,9 @@ def launch_server(argv: List[str] | None = None) -> None:
     workers: List[Worker] = []
     try:
         args = parse_args(argv, ipc_dir)
+        problem = preflight(args)
+        if problem:
+            raise SystemExit(f"python -m minisgl: error: {problem}")
         print(f"starting the workers for {args.model_path} on {args.device} ...", flush=True)
         workers, info = start_workers(args)
         if args.shell:
