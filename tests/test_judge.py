@@ -227,6 +227,13 @@ def test_start_list_and_status(toy):
     assert (toy / "minisgl" / "toy.py").read_text() == TOY
 
 
+def test_a_missing_file_is_named_with_the_right_advice(toy):
+    out = judge(toy, "901", "--file", str(toy / "nope.py"))
+    assert out.returncode == 2 and "nope.py does not exist (the file given with --file)" in out.stdout
+    out = judge(toy, "901")
+    assert out.returncode == 2 and "run: python practice/judge.py start 901" in out.stdout
+
+
 def test_solution_asks_first(toy):
     assert "not shown" in judge(toy, "solution", "901").stdout
     out = judge(toy, "solution", "901", "--yes")

@@ -89,7 +89,10 @@ def cmd_test(root: Path, args) -> int:
     problem = _problem(root, args.id)
     file = args.file or root / "practice" / "workspace" / problem.workspace_name
     if not file.is_file():
-        print(f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}")
+        if args.file:
+            print(f"{args.file} does not exist (the file given with --file)")
+        else:
+            print(f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}")
         return 2
     why = cannot_judge(root, problem, args.device)
     preview = why == NEEDS_GPU and args.quick
