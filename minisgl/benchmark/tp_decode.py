@@ -36,7 +36,7 @@ from typing import Callable, Iterator, List
 import torch
 import torch.multiprocessing as mp
 
-from minisgl.distributed import DistributedCommunicator, DistributedInfo
+from minisgl.distributed import DistributedCommunicator, DistributedInfo, get_tp_info
 from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import GraphRunner
 from minisgl.utils import div_ceil
@@ -99,9 +99,9 @@ def collectives_off() -> Iterator[None]:
     """Every ``DistributedCommunicator`` returns a local tensor of the right shape instead of
     talking to the other ranks (wrong values, same kernels otherwise)."""
     saved = DistributedCommunicator.all_reduce, DistributedCommunicator.all_gather
-    tp = lambda: torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1  # noqa: E731
     DistributedCommunicator.all_reduce = lambda self, x: x  # type: ignore[method-assign]
-    DistributedCommunicator.all_gather = lambda self, x: x.repeat(tp(), *[1] * (x.dim() - 1))  # type: ignore[method-assign]
+    DistributedCommunicator.all_gather = (  # type: ignore[method-assign]
+        lambda self, x: x.repeat(get_tp_info().size, *[1] * (x.dim() - 1)))
     try:
         yield
     finally:
