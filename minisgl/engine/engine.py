@@ -23,6 +23,7 @@ from minisgl.models import create_model, load_weight
 from minisgl.utils import align_up, div_even, init_logger, torch_dtype
 from minisgl.utils.device import (
     Event,
+    check_device,
     create_event,
     create_stream,
     default_device,
@@ -49,10 +50,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         self.config = config
-        self.device = torch.device(config.device) if config.device else default_device()
-        if is_cuda(self.device) and not torch.cuda.is_available():
-            raise RuntimeError(f"device {self.device} asked for, but torch sees no CUDA GPU here "
-                               "(a CPU build of torch, or no driver): use device='cpu'")
+        self.device = check_device(config.device) if config.device else default_device()
         if is_cuda(self.device) and self.device.index is None:
             self.device = torch.device("cuda", config.tp_info.rank)
         if is_cuda(self.device):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from minisgl.layers.shard import check_tp_size
 from minisgl.models import ModelConfig
 from minisgl.scheduler import SchedulerConfig
 from minisgl.utils import cached_load_hf_config, check_model_path
+from minisgl.utils.device import check_device, default_device
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,6 @@ class ServerArgs(SchedulerConfig):
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def _device_of(name: str | None) -> str:
-    if name:
-        return name
-    env = os.environ.get("MINISGL_DEVICE")
-    return env or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _port_is_free(host: str, port: int) -> bool:
@@ -103,11 +98,11 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
                    help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
     ns = vars(p.parse_args(argv))
-    device = _device_of(ns.pop("device"))
-    if device != "cpu" and not device.startswith("cuda"):
-        p.error(f"--device must be cpu or cuda (cuda:N), got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        p.error("--device cuda, but torch sees no CUDA GPU here (a CPU build of torch, or no driver): use --device cpu")
+    name = ns.pop("device")
+    try:
+        device = str(check_device(name, "--device") if name else default_device())
+    except ValueError as e:
+        p.error(str(e))
     tp_size = ns.pop("tp_size")
     if ns["cuda_graph_max_bs"] is not None and ns["cuda_graph_max_bs"] < 0:
         p.error(f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}")

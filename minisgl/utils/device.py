@@ -42,11 +42,27 @@ Stream = torch.cuda.Stream | NullStream
 Event = torch.cuda.Event | NullEvent
 
 
+def check_device(name: str, what: str = "the device") -> torch.device:
+    """``name`` (``cpu``, ``cuda``, ``cuda:1``) as a device this machine can run the engine on;
+    ``what`` names the setting in the error (``--device`` on a command line).
+
+    Raises:
+        ValueError: for another kind of device, or CUDA when torch sees no GPU.
+    """
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"{what} must be cpu or cuda (cuda:N), got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"{what} is {name!r}, but torch sees no CUDA GPU here "
+                         "(a CPU build of torch, or no driver): use cpu")
+    return torch.device(name)
+
+
 def default_device() -> torch.device:
-    """``MINISGL_DEVICE`` if set (``cpu``, ``cuda``, ``cuda:1``), else CUDA when available."""
+    """``MINISGL_DEVICE`` if set (``cpu``, ``cuda``, ``cuda:1``; see ``check_device``), else
+    CUDA when available."""
     name = os.environ.get("MINISGL_DEVICE")
     if name:
-        return torch.device(name)
+        return check_device(name, "MINISGL_DEVICE")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
