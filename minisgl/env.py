@@ -5,7 +5,8 @@ as chapter 7's example does to show the plain loop. ``MINISGL_TORCH_KERNELS=1`` 
 torch reference kernels on CUDA too, instead of FlashInfer and Triton (chapters 17, 19): the
 switch to reach for when a fast kernel is suspected of a wrong answer.
 ``MINISGL_DISABLE_GEMV=1`` sends only the small-batch linear layers back to ``F.linear``
-(cuBLAS) and keeps the other Triton kernels (chapter 19's GEMV, for comparisons). Mirrors
+(cuBLAS) and keeps the other Triton kernels (chapter 19's GEMV, for comparisons);
+``MINISGL_DISABLE_FUSED_DECODE=1`` turns off chapter 19's fused batch-1 decode path. Mirrors
 upstream ``minisgl.env`` (which has neither of the kernel switches).
 """
 
@@ -40,6 +41,7 @@ class _Env:
         self.DISABLE_OVERLAP_SCHEDULING = EnvBool("MINISGL_DISABLE_OVERLAP_SCHEDULING")
         self.TORCH_KERNELS = EnvBool("MINISGL_TORCH_KERNELS")
         self.DISABLE_GEMV = EnvBool("MINISGL_DISABLE_GEMV")
+        self.DISABLE_FUSED_DECODE = EnvBool("MINISGL_DISABLE_FUSED_DECODE")
 
 
 ENV = _Env()

@@ -4,7 +4,9 @@ A backend is asked twice per forward pass. ``prepare_metadata(batch)`` runs once
 the model: it turns the batch's requests into whatever index tensors its kernels need
 (sequence lengths, where each request's KV lives) and stores them in
 ``batch.attn_metadata``. ``forward(q, k, v, layer_id, batch)`` runs in every layer: it
-stores this step's K/V into the pool and attends over each request's whole context.
+stores this step's K/V into the pool and attends over each request's whole context. On
+chapter 19's fused decode path the K/V are already stored (``k = v = None``), which the
+model does only with a backend whose ``accepts_stored_kv`` is True.
 
 A backend that can be replayed inside a CUDA graph (chapter 18) also says so with
 ``supports_cuda_graph`` and implements three more methods: ``init_capture_graph`` once,
@@ -17,7 +19,7 @@ Mirrors upstream ``minisgl.attention.base``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -32,15 +34,21 @@ class BaseAttnMetadata(ABC):
 
 
 class BaseAttnBackend(ABC):
+    # Whether ``forward`` takes ``k = v = None``, meaning this step's K/V are already in the
+    # pool (chapter 19's fused decode path stores them); a backend that cannot keeps False.
+    accepts_stored_kv = False
+
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None:
         """Fill ``batch.attn_metadata``; called after the page table holds this step's slots."""
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
-        """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k, v first."""
+        """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k, v first
+        unless they are None (already stored at ``batch.out_loc`` by the fused decode path)."""
 
     # ---- CUDA graphs (chapter 18); only backends with supports_cuda_graph implement these
     @property
@@ -70,6 +78,10 @@ class HybridBackend(BaseAttnBackend):
         self.prefill_backend = prefill_backend
         self.decode_backend = decode_backend
 
+    @property
+    def accepts_stored_kv(self) -> bool:  # type: ignore[override]
+        return self.prefill_backend.accepts_stored_kv and self.decode_backend.accepts_stored_kv
+
     def _pick(self, batch: Batch) -> BaseAttnBackend:
         return self.prefill_backend if batch.is_prefill else self.decode_backend
 
@@ -77,7 +89,8 @@ class HybridBackend(BaseAttnBackend):
         self._pick(batch).prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch)
 

@@ -12,12 +12,19 @@ input and picks:
   whose weight has at least as many inputs as outputs (``K >= N``), in ``float16``/``bfloat16``
   on CUDA, unless ``MINISGL_DISABLE_GEMV=1``; ``F.linear`` (cuBLAS on CUDA) for every other
   linear layer;
+* Triton (``triton_fused``, chapter 19) for the fused decode path of a decoder layer
+  (``norm_linear``, ``linear_add_residual_``, ``qk_norm_rope_store``), which the model
+  takes when ``use_fused_decode`` says so: the GEMV's conditions, unless
+  ``MINISGL_DISABLE_FUSED_DECODE=1``; the same switch governs the split-KV decode
+  attention (``triton_decode``) the FlashInfer backend uses for one or two requests
+  (``use_small_decode_attention``);
 * the torch reference (``torch_ops``) otherwise: on the CPU, in float32, or when
   ``MINISGL_TORCH_KERNELS=1`` asks for it.
 
-The choice costs a few attribute reads per call; inside a CUDA graph it is made once, at
-capture. The switch lives in ``minisgl.env`` (chapter 7) and is imported only on the CUDA
-path, so the CPU-only chapters before it need no ``env.py``. Mirrors upstream
+A Triton module may be absent from an earlier chapter's step tree (``introduced``); its
+op then keeps the fallback. The choice costs a few attribute reads per call; inside a CUDA
+graph it is made once, at capture. The switches live in ``minisgl.env`` (chapter 7) and are
+imported only on the CUDA path, so the CPU-only chapters before it need no ``env.py``. Mirrors upstream
 ``minisgl.kernel`` (which has no fallback: upstream is CUDA only, and has no GEMV kernel:
 its linear layers call ``F.linear``).
 """
@@ -25,6 +32,7 @@ its linear layers call ``F.linear``).
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Optional, Tuple
 
 import torch
@@ -49,6 +57,17 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def introduced(module: str) -> bool:
+    """Whether ``minisgl.kernel.<module>`` is in this tree. In the book's step folders
+    (``tools/steps.py``) a later chapter's kernel module is absent; its op then keeps the
+    torch reference instead of failing to import (say, chapter 18 run on a GPU)."""
+    try:
+        return importlib.util.find_spec(f"{__name__}.{module}") is not None
+    except ImportError:
+        return False
 
 
 def _torch_kernels_forced() -> bool:
@@ -133,7 +152,82 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.stride(-1) == 1
         and use_triton(x)
         and not _gemv_disabled()
+        and introduced("triton_gemv")
     )
+
+
+def _fused_decode_disabled() -> bool:
+    from minisgl.env import ENV
+
+    return bool(ENV.DISABLE_FUSED_DECODE)
+
+
+def use_fused_decode(x: torch.Tensor) -> bool:
+    """Whether a decoder layer whose hidden states are ``x: [T, hidden]`` takes the fused
+    decode path (chapter 19): ``T <= GEMV_MAX_M`` rows, contiguous fp16/bf16 on CUDA, Triton
+    allowed (``use_triton``) and ``MINISGL_DISABLE_FUSED_DECODE`` unset. The model checks
+    the rest (one rank, dense MLPs)."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= GEMV_MAX_M
+        and x.dtype in _FI_DTYPES
+        and x.is_contiguous()
+        and use_triton(x)
+        and not _fused_decode_disabled()
+        and introduced("triton_fused")
+    )
+
+
+def use_small_decode_attention(kv: torch.Tensor) -> bool:
+    """Whether a decode batch of one or two requests over the KV pool ``kv`` goes to chapter
+    19's split-KV Triton kernel (``triton_decode``) instead of FlashInfer's: fp16/bf16 on
+    CUDA, Triton allowed, ``MINISGL_DISABLE_FUSED_DECODE`` unset."""
+    return (kv.dtype in _FI_DTYPES and use_triton(kv) and not _fused_decode_disabled()
+            and introduced("triton_decode"))
+
+
+def norm_linear(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None, swiglu: bool = False,
+) -> torch.Tensor:
+    """``linear(rms_norm(x), weight, bias)`` (then ``silu_and_mul`` when ``swiglu``):
+    ``x: [M, K]`` -> ``[M, N]`` (``[M, N/2]``); one Triton kernel on CUDA
+    (``triton_fused.norm_gemv``), else ``torch_ops.norm_linear``."""
+    if use_triton(x):
+        from . import triton_fused
+
+        return triton_fused.norm_gemv(x, norm_weight, eps, weight, bias, swiglu)
+    return torch_ops.norm_linear(x, norm_weight, eps, weight, bias, swiglu)
+
+
+def linear_add_residual_(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``residual += linear(x, weight, bias)`` in place, ``[M, N]``; returns ``residual``.
+    One Triton kernel on CUDA (``triton_fused.gemv_add_residual_``)."""
+    if use_triton(x):
+        from . import triton_fused
+
+        return triton_fused.gemv_add_residual_(x, weight, residual, bias)
+    return torch_ops.linear_add_residual_(x, weight, residual, bias)
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
+    k_slots: torch.Tensor, v_slots: torch.Tensor, out_loc: torch.Tensor,
+    num_qo_heads: int, num_kv_heads: int, head_dim: int,
+) -> torch.Tensor:
+    """Queries ``[T, H_q, D]`` from ``qkv: [T, (H_q + 2 H_kv) D]`` after the per-head norms
+    and RoPE, with k and v stored at ``out_loc`` (see ``torch_ops.qk_norm_rope_store``);
+    one Triton kernel on CUDA (``triton_fused.qk_norm_rope_store``)."""
+    args = (qkv, positions, cos_sin_cache, q_norm, k_norm, eps, k_slots, v_slots, out_loc,
+            num_qo_heads, num_kv_heads, head_dim)
+    if use_triton(qkv):
+        from . import triton_fused
+
+        return triton_fused.qk_norm_rope_store(*args)
+    return torch_ops.qk_norm_rope_store(*args)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -152,7 +246,7 @@ def store_cache(
     k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
     """``k_cache[indices[i]] = k[i]``, same for v (see ``torch_ops.store_cache``)."""
-    if use_triton(k):
+    if use_triton(k) and introduced("triton_store"):
         from . import triton_store
 
         triton_store.store_cache(k_cache, v_cache, indices, k, v)
@@ -162,7 +256,7 @@ def store_cache(
 
 def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Rows of ``weight: [V, hidden]`` for ``ids: [T]`` -> ``[T, hidden]``."""
-    if use_triton(weight):
+    if use_triton(weight) and introduced("triton_store"):
         from . import triton_store
 
         return triton_store.embedding_gather(ids, weight)
@@ -173,12 +267,18 @@ __all__ = [
     "apply_rotary",
     "embedding_gather",
     "fused_add_rms_norm",
+    "introduced",
     "linear",
+    "linear_add_residual_",
+    "norm_linear",
+    "qk_norm_rope_store",
     "rms_norm",
     "silu_and_mul",
     "store_cache",
     "triton_available",
     "use_flashinfer",
+    "use_fused_decode",
     "use_gemv",
+    "use_small_decode_attention",
     "use_triton",
 ]

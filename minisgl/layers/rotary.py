@@ -68,11 +68,14 @@ class RotaryEmbedding(StateLessOP):
         self.head_dim = head_dim
         self._args = (rotary_dim, max_position, float(base), _freeze(scaling))
 
+    def cos_sin_cache(self, device: torch.device) -> torch.Tensor:
+        """The shared table, ``[max_position, D]`` float32 holding ``[cos | sin]``."""
+        return _cos_sin_cache(*self._args, device)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        cache = _cos_sin_cache(*self._args, positions.device)
-        return apply_rotary(positions, q, k, cache)
+        return apply_rotary(positions, q, k, self.cos_sin_cache(positions.device))
 
 
 def _freeze(scaling: Dict[str, Any] | None) -> Tuple[Tuple[str, Any], ...] | None:

@@ -13,6 +13,8 @@ from typing import Callable
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.distributed import get_tp_info
+from minisgl.kernel import linear_add_residual_, norm_linear, use_fused_decode
 from minisgl.layers import (
     AttentionLayer,
     BaseOP,
@@ -45,6 +47,12 @@ class GatedMLP(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
 
+    def forward_fused(self, residual: torch.Tensor, norm: RMSNorm) -> None:
+        """Fused decode path (chapter 19): ``residual += mlp(norm(residual))`` in place, in two
+        kernels: norm, gate/up and SwiGLU in one; down and the residual add in the other."""
+        act = norm_linear(residual, norm.weight, norm.eps, self.gate_up_proj.weight, swiglu=True)
+        linear_add_residual_(act, self.down_proj.weight, residual)
+
 
 class RopeAttn(BaseOP):
     """Self-attention with RoPE; ``has_qk_norm`` adds Qwen3's per-head RMSNorm on q and k."""
@@ -66,6 +74,13 @@ class RopeAttn(BaseOP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
 
+    def forward_fused(self, residual: torch.Tensor, norm: RMSNorm) -> None:
+        """Fused decode path (chapter 19): ``residual += attn(norm(residual))`` in place: norm
+        and qkv in one kernel, q/k norms, RoPE and the KV store in a second, the attention,
+        then o_proj and the residual add in a fourth."""
+        qkv = norm_linear(residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias)
+        linear_add_residual_(self.attn.forward_fused(qkv), self.o_proj.weight, residual, self.o_proj.bias)
+
 
 class DecoderLayer(BaseOP):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``; the residual
@@ -85,6 +100,13 @@ class DecoderLayer(BaseOP):
         x, residual = self.post_attention_layernorm.forward(x, residual)
         return self.mlp.forward(x), residual
 
+    def forward_fused(self, residual: torch.Tensor) -> None:
+        """Fused decode path (chapter 19): the same layer on the residual stream alone, in
+        place: each sublayer adds its output into ``residual: [T, hidden]``, and each norm
+        runs inside the GEMV that reads it."""
+        self.self_attn.forward_fused(residual, self.input_layernorm)
+        self.mlp.forward_fused(residual, self.post_attention_layernorm)
+
 
 class DecoderModel(BaseOP):
     """Embedding, the layer stack and the final norm: ``ids: [T]`` -> hidden ``[T, hidden]``.
@@ -99,9 +121,16 @@ class DecoderModel(BaseOP):
             [DecoderLayer(config, i, has_qk_norm, make_mlp(config, i)) for i in range(config.num_layers)]
         )
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
+        # the fused path adds each layer's full output into the residual: one rank, dense MLPs
+        self._fusable = get_tp_info().size == 1 and all(isinstance(layer.mlp, GatedMLP) for layer in self.layers)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x, residual = self.embed_tokens.forward(input_ids), None
+        fused = self._fusable and use_fused_decode(x) and get_global_ctx().attn_backend.accepts_stored_kv
+        if fused:  # a batch of 1-2 tokens on CUDA: chapter 19
+            for layer in self.layers:
+                layer.forward_fused(x)  # x is the residual stream, updated in place
+            return self.norm.forward(x, None)[0]
         for layer in self.layers:
             x, residual = layer.forward(x, residual)
         return self.norm.forward(x, residual)[0]

@@ -1,0 +1,45 @@
+"""Programmatic dependent launch (PDL): let a kernel start before the one it depends on ends.
+
+Kernels on one stream normally run strictly one after another: the next is launched only
+when the previous has finished and its writes are visible, so every kernel boundary costs
+a launch latency and the previous kernel's tail, a few microseconds. At decode batch 1, with
+about 200 kernels per step, that is a large share of the step. On Hopper (sm_90) and newer
+a kernel launched as a PDL *secondary* may start while its *primary* is still running:
+
+* the secondary does the work that does not depend on the primary (a GEMV loads its
+  weights), then calls ``tl.extra.cuda.gdc_wait()``, which returns once the primary has
+  finished and its writes are visible;
+* the primary calls ``tl.extra.cuda.gdc_launch_dependents()`` to let its secondary be
+  scheduled now rather than at its end.
+
+Both are no-ops unless the launch asked for PDL, and CUDA graphs keep the relation. Chapter
+19's batch-1 kernels (``triton_fused``, ``triton_decode``) take ``PDL: tl.constexpr`` from
+``use_pdl`` and the launch option from ``launch_options``. Upstream mini-sglang does not use
+PDL; SGLang's own kernels do.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Benchmarks set this False to measure what PDL saves (benchmarks/fused_decode.py).
+ENABLED = True
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def use_pdl(x: torch.Tensor) -> bool:
+    """Whether kernels on ``x``'s device launch with PDL: CUDA on Hopper or newer
+    (``griddepcontrol`` is sm_90 PTX) and ``ENABLED``."""
+    return ENABLED and x.is_cuda and _supported(x.device)
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch option that makes a Triton kernel a PDL secondary; empty off CUDA (the
+    interpreter has no such option)."""
+    return {"launch_pdl": True} if pdl else {}

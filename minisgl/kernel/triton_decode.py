@@ -1,0 +1,156 @@
+"""Decode attention for a batch of one or two requests, in Triton (split-KV, "flash-decoding").
+
+One query token per request attends over its whole context. With a single request there
+are only ``H_kv`` independent pieces of work (one per KV head), far too few to spread a few
+megabytes of KV reads over 132 SMs, so the context is also split into ``num_splits``
+chunks: a program per (request, KV head, chunk) computes the attention of the head's
+``G = H_q / H_kv`` query heads over its chunk, with the chunk's own softmax, and writes
+an unnormalised partial result and its log-sum-exp; a second kernel weighs the partials
+by ``exp(lse - max lse)`` and sums them. Both steps are exact: the result equals one
+softmax over the whole context, up to the order of sums.
+
+The KV lives in the paged pool as FlashInfer indexes it (chapter 17): request ``b``'s pages
+are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]``, its last page holds
+``kv_last_page_len[b]`` tokens, and position ``t`` is slot ``page(t) * P + t % P`` of the
+``[num_slots, H_kv, D]`` pool. Everything is read from device tensors, so the kernel
+replays in a CUDA graph with new lengths. The scores use ``tl.dot`` (tensor cores) with the
+query heads of a group padded to 16 rows.
+
+Reference: ``torch_ops``-style attention in ``attention/torch_backend.py``; the CPU tests
+run this kernel under ``TRITON_INTERPRET=1``. Upstream mini-sglang uses FlashInfer's
+decode kernel at every batch size; this module is the book's own.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import launch_options, use_pdl
+
+BLOCK_T = 64  # tokens per iteration of a program
+
+
+@triton.jit
+def _decode_partial_kernel(
+    q_ptr, k_ptr, v_ptr, indptr_ptr, page_ids_ptr, last_len_ptr, part_o_ptr, part_lse_ptr,
+    sm_scale, stride_slot, num_splits,
+    MAX_ITERS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    first_page = tl.load(indptr_ptr + b)
+    num_pages = tl.load(indptr_ptr + b + 1) - first_page
+    seq_len = (num_pages - 1) * PAGE + tl.load(last_len_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_T) * BLOCK_T
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    if PDL:  # q and this step's K/V come from the kernel before (the index does not)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < GROUP
+    q_head = kv_head * GROUP + offs_g  # this KV head's query heads
+    q_ptrs = q_ptr + (b * NUM_KV_HEADS * GROUP + q_head)[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
+
+    m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
+    # a bound fixed at compile time (from the longest context a request may have), so one
+    # graph serves every length; iterations past ``end`` load nothing
+    for it in range(0, MAX_ITERS):
+        pos = start + it * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = pos < end
+        page = tl.load(page_ids_ptr + first_page + pos // PAGE, mask=t_mask, other=0).to(tl.int64)
+        row = (page * PAGE + pos % PAGE) * stride_slot + kv_head * HEAD_DIM
+        k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
+        v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale  # [BLOCK_G, BLOCK_T], float32
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: no -inf - -inf
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # an empty chunk (a short context split many ways) leaves lse = -inf: weight 0 in the merge
+    lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
+    o = acc / l_i[:, None]
+    row = (b * NUM_KV_HEADS * GROUP + q_head) * num_splits + split  # [B, H_q, splits] order
+    tl.store(part_lse_ptr + row, lse, mask=g_mask)
+    tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=g_mask[:, None] & (l_i > 0)[:, None])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+):
+    row = tl.program_id(0)  # b * H_q + head
+    if PDL:  # the partials are visible; o_proj's GEMV may start loading its weights
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp(lse - tl.max(lse, axis=0))
+    weight = weight / tl.sum(weight, axis=0)
+    keep = s_mask & (weight > 0)  # an empty chunk wrote no partial output
+    o = tl.load(part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=keep[:, None], other=0.0)
+    out = tl.sum(o * weight[:, None], axis=0)
+    tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention(
+    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, kv_indptr: torch.Tensor,
+    kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int, sm_scale: float,
+    max_seq_len: int, num_splits: int = 16,
+) -> torch.Tensor:
+    """Attention of one query token per request over its paged context.
+
+    ``q: [B, H_q, D]``; ``k_slots, v_slots: [num_slots, H_kv, D]`` contiguous (the pool's
+    per-token view); ``kv_indptr: [B + 1]``, ``kv_page_ids``, ``kv_last_page_len: [B]``
+    int32 on the device (FlashInfer's paged index); ``sm_scale`` usually ``D ** -0.5``;
+    ``max_seq_len`` bounds every request's context (it sets the programs' loop count).
+    Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
+    programs, then ``B x H_q`` merges. ``D`` must be a power of two of at least 16.
+
+    Raises:
+        ValueError: on shapes that disagree.
+    """
+    bs, num_qo_heads, head_dim = q.shape
+    num_kv_heads = k_slots.shape[1]
+    if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
+        raise ValueError(f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
+    if not (k_slots.is_contiguous() and v_slots.is_contiguous()):
+        raise ValueError("the KV slots must be contiguous")
+    group = num_qo_heads // num_kv_heads
+    part_o = torch.empty((bs, num_qo_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((bs, num_qo_heads, num_splits), dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    if bs == 0:
+        return out
+    pdl = use_pdl(q)
+    _decode_partial_kernel[(bs, num_kv_heads, num_splits)](
+        q, k_slots, v_slots, kv_indptr, kv_page_ids, kv_last_page_len, part_o, part_lse,
+        sm_scale, k_slots.stride(0), num_splits,
+        MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T), GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        NUM_KV_HEADS=num_kv_heads, PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, **launch_options(pdl),
+    )
+    _decode_merge_kernel[(bs * num_qo_heads,)](
+        part_o, part_lse, out, num_splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
+        PDL=pdl, **launch_options(pdl),
+    )
+    return out

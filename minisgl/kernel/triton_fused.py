@@ -1,0 +1,320 @@
+"""The batch-1 decode step, fused: each weight matrix is read by one kernel that also does
+the small work around it.
+
+At decode batch 1 a step is a chain of about fifteen kernels per layer (norm, qkv GEMV,
+q-norm, k-norm, RoPE, KV store, attention, o GEMV, residual add and norm, gate/up GEMV,
+SwiGLU, down GEMV...). Most of them touch a few kilobytes, yet each costs a few
+microseconds however little it does: the launch, one round trip to memory, the tail. The
+step's time is then the number of kernels, not the bytes. Four fusions bring a layer down
+to five kernels and the attention:
+
+* ``norm_gemv``: the RMSNorm before a linear layer becomes the GEMV's *prologue*: every
+  program reads the whole input row (a few KB, from cache), computes its mean square, and
+  normalises each chunk of ``x`` as it multiplies it. Used for ``qkv_proj`` (after the
+  input norm) and ``gate_up_proj`` (after the post-attention norm);
+* ``swiglu=True``: a program owns rows ``j`` of the gate *and* of the up projection, so
+  ``silu(gate) * up`` is its *epilogue* and the ``[M, 2I]`` intermediate is never written;
+* ``gemv_add_residual_``: the residual add is the epilogue of ``o_proj`` and ``down_proj``:
+  each program adds its outputs into the residual stream in place. With the add there and
+  the norm in the next GEMV's prologue, the separate add-and-norm kernel disappears;
+* ``qk_norm_rope_store``: one kernel does Qwen3's per-head q/k norm, RoPE, and the store of
+  this step's K and V into the pool at ``out_loc``, writing only the rotated queries.
+
+No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
+so enough bytes are kept in flight by giving each program long rows instead: four of them
+(one per warp), ``BLOCK_K`` up to 2,048. Every kernel here is launched with programmatic
+dependent launch (``pdl``): it reads its first weight tile before waiting for the kernel
+before it, so weights stream in while that kernel finishes.
+
+Every intermediate that the unfused path would write to memory is rounded to the input
+dtype at the same point here (the normalised row, the gate and up outputs, the linear
+output before the residual add), so the fused path rounds like the unfused one except that
+sums run in another order. The torch references are ``torch_ops.norm_linear``,
+``torch_ops.linear_add_residual_`` and ``torch_ops.qk_norm_rope_store``; the CPU tests run
+these kernels under ``TRITON_INTERPRET=1`` against them. Upstream mini-sglang has no fused
+decode path (its layers call FlashInfer and cuBLAS one op at a time); this module is the
+book's own.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .pdl import launch_options, use_pdl
+
+# Tiles measured on an H200 (``python benchmarks/fused_decode.py --sweep``): four output rows
+# per program, one per warp, and long rows of K beat both one-row programs and split-K
+# here: each program has 8-16 KB of weight loads in flight at once.
+BLOCK_N = 4
+MAX_BLOCK_K = 2048
+MIN_BLOCK_K = 256
+# float32 accumulator elements per thread at most (BLOCK_M x BLOCK_N x BLOCK_K, twice for
+# SwiGLU, over 128 threads): past this the registers spill.
+MAX_ACC_PER_THREAD = 128
+
+
+class FusedGemvConfig(NamedTuple):
+    """Tiles of one fused GEMV: rows of ``x``, output columns and inputs per program."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+def fused_gemv_config(m: int, n: int, k: int, swiglu: bool = False) -> FusedGemvConfig:
+    """``BLOCK_N = 4``; ``BLOCK_K`` the largest power of two up to ``MAX_BLOCK_K`` that divides
+    ``K`` (no masked last chunk), but at least ``MIN_BLOCK_K``, and halved while the
+    accumulators would pass ``MAX_ACC_PER_THREAD``; 4 warps. ``n`` counts outputs (for
+    SwiGLU, ``I``); it does not change the tiles. Raises ValueError for a non-positive size."""
+    if m < 1 or n < 1 or k < 1:
+        raise ValueError(f"gemv needs positive sizes, got M={m}, N={n}, K={k}")
+    num_warps, block_m = 4, triton.next_power_of_2(m)
+    block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    while block_k > MIN_BLOCK_K and k % block_k:
+        block_k //= 2
+    per_thread = lambda bk: block_m * BLOCK_N * bk * (2 if swiglu else 1) // (32 * num_warps)  # noqa: E731
+    while block_k > 16 and per_thread(block_k) > MAX_ACC_PER_THREAD:
+        block_k //= 2
+    return FusedGemvConfig(block_m, BLOCK_N, block_k, num_warps)
+
+
+@triton.jit
+def _load_weight_tile(w_rows, up_rows, k0, offs_k, n_mask, K: tl.constexpr, SWIGLU: tl.constexpr):
+    """The ``[BLOCK_N, BLOCK_K]`` weight tile at ``k0`` (and the up projection's), as float32;
+    zeros past ``K``, where the loads are masked off and read nothing."""
+    mask = n_mask[:, None] & (k0 + offs_k < K)[None, :]
+    w = tl.load(w_rows + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    w_up = w
+    if SWIGLU:
+        w_up = tl.load(up_rows + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    return w, w_up
+
+
+@triton.jit
+def _fused_gemv_kernel(
+    x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, out_ptr,
+    M, N, stride_xm, stride_wn, stride_rm, stride_om, eps,
+    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    dtype = x_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    up_rows = w_rows + N * stride_wn  # SwiGLU: the up projection's row j follows the gate's
+
+    # The weights do not depend on the previous kernel: start reading them before waiting
+    # for it. With PDL this program may run while the previous kernel is still finishing.
+    w, w_up = _load_weight_tile(w_rows, up_rows, 0, offs_k, n_mask, K, SWIGLU)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, the residual) are visible
+        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start on its weights
+
+    if NORM:  # prologue, pass 1: each row's mean square, over all of K
+        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask = m_mask[:, None] & (k0 + offs_k < K)[None, :]
+            x = tl.load(x_rows + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            sum_sq += tl.sum(x * x, axis=1)
+        inv_rms = tl.rsqrt(sum_sq / K + eps)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)  # unused without SWIGLU
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = k0 + offs_k < K
+        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if NORM:  # prologue, pass 2: rounded where the unfused norm writes its output
+            norm_w = tl.load(norm_w_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            x = (x * inv_rms[:, None]).to(dtype).to(tl.float32)
+            x = (x * norm_w[None, :]).to(dtype).to(tl.float32)
+        acc += x[:, None, :] * w[None, :, :]
+        if SWIGLU:
+            acc_up += x[:, None, :] * w_up[None, :, :]
+        w, w_up = _load_weight_tile(w_rows, up_rows, k0 + BLOCK_K, offs_k, n_mask, K, SWIGLU)  # the next tile
+    y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if SWIGLU:  # epilogue: silu(gate) * up, each rounded as the unfused matmul writes it
+        up = tl.sum(acc_up, axis=2)
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        gate = y.to(dtype).to(tl.float32)
+        y = gate * tl.sigmoid(gate) * up.to(dtype).to(tl.float32)
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if ADD_RESIDUAL:  # epilogue: the residual stream += this layer's output, in place
+        r_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]
+        y = y.to(dtype).to(tl.float32) + tl.load(r_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=out_mask)
+
+
+def _check_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("the rows of x and weight must be contiguous")
+
+
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor, n: int, *,
+    norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, swiglu: bool = False,
+    residual: Optional[torch.Tensor] = None, config: Optional[FusedGemvConfig] = None,
+) -> None:
+    m, k = x.shape
+    if m == 0 or n == 0:
+        return
+    cfg = config or fused_gemv_config(m, n, k, swiglu)
+    pdl = use_pdl(x)
+    if cfg.block_m < m:
+        raise ValueError(f"config.block_m={cfg.block_m} is smaller than M={m}")
+    _fused_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, weight, bias if bias is not None else x, norm_weight if norm_weight is not None else x,
+        residual if residual is not None else out, out,
+        m, n, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
+        out.stride(0), eps,
+        K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NORM=norm_weight is not None, SWIGLU=swiglu, ADD_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, PDL=pdl, num_warps=cfg.num_warps, **launch_options(pdl),
+    )
+
+
+def norm_gemv(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None, swiglu: bool = False, config: Optional[FusedGemvConfig] = None,
+) -> torch.Tensor:
+    """``linear(rms_norm(x, norm_weight, eps), weight, bias)`` in one kernel.
+
+    ``x: [M, K]`` (a few rows), ``norm_weight: [K]``, ``weight: [N, K]``, ``bias: [N]``.
+    Returns ``[M, N]``; with ``swiglu=True`` the weight holds ``[gate | up]`` (``N = 2I``)
+    and the result is ``silu(gate) * up``, ``[M, I]``. Same reference as
+    ``torch_ops.norm_linear``. ``config`` overrides ``fused_gemv_config`` (the benchmark's
+    sweep). Raises ValueError on mismatched shapes or dtypes.
+    """
+    _check_gemv(x, weight, bias, weight.shape[0])
+    if norm_weight.shape != (x.shape[1],) or not norm_weight.is_contiguous():
+        raise ValueError(f"norm_weight must be a contiguous [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+    n = weight.shape[0]
+    if swiglu and n % 2:
+        raise ValueError(f"a [gate | up] weight has an even number of rows, got {n}")
+    n = n // 2 if swiglu else n
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _launch(x, weight, bias, out, n, norm_weight=norm_weight.to(x.dtype), eps=eps, swiglu=swiglu, config=config)
+    return out
+
+
+def gemv_add_residual_(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: Optional[torch.Tensor] = None,
+    config: Optional[FusedGemvConfig] = None,
+) -> torch.Tensor:
+    """``residual += linear(x, weight, bias)``, in place, in one kernel; returns ``residual``.
+
+    ``x: [M, K]``, ``weight: [N, K]``, ``residual: [M, N]`` with contiguous rows. Same
+    reference as ``torch_ops.linear_add_residual_``. Raises ValueError on mismatched shapes.
+    """
+    _check_gemv(x, weight, bias, weight.shape[0])
+    if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(1) != 1 or residual.dtype != x.dtype:
+        raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] in {x.dtype}, "
+                         f"got {tuple(residual.shape)} in {residual.dtype}")
+    _launch(x, weight, bias, residual, weight.shape[0], residual=residual, config=config)
+    return residual
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    qkv_ptr, q_out_ptr, k_slots_ptr, v_slots_ptr, loc_ptr, pos_ptr, cos_sin_ptr,
+    q_norm_ptr, k_norm_ptr, stride_qkv, stride_slot, eps,
+    NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr, PDL: tl.constexpr,
+):
+    dtype = qkv_ptr.dtype.element_ty
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)  # a query head, or (from NUM_QO_HEADS on) a KV head
+    half = tl.arange(0, HEAD_DIM // 2)
+    # what the previous kernel does not write: this token's angles, the norm's weights
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
+    if HAS_QK_NORM:  # q's or k's weights (both are a few hundred bytes in cache)
+        is_q = head < NUM_QO_HEADS
+        w1 = tl.where(is_q, tl.load(q_norm_ptr + half), tl.load(k_norm_ptr + half)).to(tl.float32)
+        w2 = tl.where(is_q, tl.load(q_norm_ptr + HEAD_DIM // 2 + half),
+                      tl.load(k_norm_ptr + HEAD_DIM // 2 + half)).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # qkv, written by the GEMV before, is visible
+        tl.extra.cuda.gdc_launch_dependents()
+    src = qkv_ptr + token * stride_qkv + head * HEAD_DIM  # k heads follow the q heads
+    x1 = tl.load(src + half).to(tl.float32)
+    x2 = tl.load(src + HEAD_DIM // 2 + half).to(tl.float32)
+    if HAS_QK_NORM:  # Qwen3: RMSNorm over each head, weights per query or per key
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1) + tl.sum(x2 * x2)) / HEAD_DIM + eps)
+        x1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    # RoPE, neox layout: the row's halves are the pairs' two coordinates
+    y1 = (x1 * cos - x2 * sin).to(dtype)
+    y2 = (x2 * cos + x1 * sin).to(dtype)
+    if head < NUM_QO_HEADS:
+        q_dst = q_out_ptr + (token * NUM_QO_HEADS + head) * HEAD_DIM
+        tl.store(q_dst + half, y1)
+        tl.store(q_dst + HEAD_DIM // 2 + half, y2)
+    else:  # store K, and the V head of the same index, into this token's slot
+        kv_head = head - NUM_QO_HEADS
+        slot = tl.load(loc_ptr + token).to(tl.int64)
+        kv_off = slot * stride_slot + kv_head * HEAD_DIM
+        tl.store(k_slots_ptr + kv_off + half, y1)
+        tl.store(k_slots_ptr + kv_off + HEAD_DIM // 2 + half, y2)
+        v_src = src + NUM_KV_HEADS * HEAD_DIM
+        cols = tl.arange(0, HEAD_DIM)
+        tl.store(v_slots_ptr + kv_off + cols, tl.load(v_src + cols))
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
+    k_slots: torch.Tensor, v_slots: torch.Tensor, out_loc: torch.Tensor,
+    num_qo_heads: int, num_kv_heads: int, head_dim: int,
+) -> torch.Tensor:
+    """Split ``qkv: [T, (H_q + 2 H_kv) D]``, RMS-normalise q and k per head (when
+    ``q_norm, k_norm: [D]`` are given), rotate them (``cos_sin_cache: [max_pos, D]`` float32,
+    ``positions: [T]``), store k and v at ``k_slots[out_loc]``, ``v_slots[out_loc]``
+    (``[num_slots, H_kv, D]``), and return the queries, ``[T, H_q, D]``. One program per
+    (token, q or k head). Same reference as ``torch_ops.qk_norm_rope_store``.
+    Raises ValueError on shapes that disagree or a head size that is not a power of two.
+    """
+    t = qkv.shape[0]
+    if qkv.dim() != 2 or qkv.shape[1] != (num_qo_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
+        raise ValueError(f"qkv must be [T, {(num_qo_heads + 2 * num_kv_heads) * head_dim}] with "
+                         f"contiguous rows, got {tuple(qkv.shape)}")
+    if head_dim & (head_dim - 1) or head_dim < 2:
+        raise ValueError(f"the head size must be a power of two, got {head_dim}")
+    if k_slots.shape[1:] != (num_kv_heads, head_dim) or not (k_slots.is_contiguous() and v_slots.is_contiguous()):
+        raise ValueError(f"the KV slots must be contiguous [num_slots, {num_kv_heads}, {head_dim}], "
+                         f"got {tuple(k_slots.shape)}")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim:
+        raise ValueError(f"cos_sin_cache must be float32 [max_pos, {head_dim}]")
+    q = torch.empty((t, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if t == 0:
+        return q
+    has_norm, pdl = q_norm is not None and k_norm is not None, use_pdl(qkv)
+    _qk_norm_rope_store_kernel[(t, num_qo_heads + num_kv_heads)](
+        qkv, q, k_slots, v_slots, out_loc.contiguous(), positions.contiguous(), cos_sin_cache,
+        q_norm.to(qkv.dtype) if has_norm else qkv, k_norm.to(qkv.dtype) if has_norm else qkv,
+        qkv.stride(0), k_slots.stride(0), eps,
+        NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_QK_NORM=has_norm,
+        PDL=pdl, **launch_options(pdl),
+    )
+    return q

@@ -1,0 +1,360 @@
+"""Chapter 19: the fused batch-1 decode path.
+
+The fused path must give the unfused path's logits: on the CPU the model takes it through
+the torch references (``use_fused_decode`` patched to say yes) and, in a subprocess under
+``TRITON_INTERPRET=1``, through the Triton kernels themselves, in float32, where the only
+difference is the order of sums. The kernels are also compared one by one with their
+references. On a GPU: the kernels at Qwen3-0.6B's shapes in bf16, and the engine's logits
+with the path on and off (``MINISGL_DISABLE_FUSED_DECODE``), within the tolerance chapter
+17 uses for FlashInfer against the torch backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import minisgl.models.utils as model_utils
+from minisgl import kernel
+from minisgl.benchmark import manual
+from minisgl.kernel import torch_ops
+
+from conftest import MODELS, ROOT, SMOLLM2, hf_encode
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+STEPS = 4  # a prefill (unfused: more than two tokens) and three fused decode steps
+
+
+def _cpu_engine(path):
+    from minisgl.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(str(path), dtype=torch.float32, device="cpu", max_running_req=2,
+                               num_page_override=64, max_seq_len_override=32))
+
+
+def _logits(engine, path, n_prompts, forced=None):
+    ids = [hf_encode(path, p) for p in PROMPTS[:n_prompts]]
+    return manual.greedy(engine, manual.place(engine, ids, STEPS), STEPS, use_graph=False, forced=forced)
+
+
+def _count_calls(monkeypatch, module, name):
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def test_the_batch_1_path_stays_off_on_the_cpu():
+    x = torch.zeros(1, 8)
+    assert not kernel.use_fused_decode(x) and not kernel.use_fused_decode(x.bfloat16())
+    assert not kernel.use_small_decode_attention(x.bfloat16())
+
+
+def test_a_kernel_module_a_later_chapter_brings_counts_as_absent():
+    """In a step tree (tools/steps.py) ``triton_fused`` may be missing: the op falls back."""
+    assert kernel.introduced("triton_fused") and kernel.introduced("triton_decode")
+    assert not kernel.introduced("no_such_kernel_module")
+
+
+@pytest.mark.parametrize("model", ["qwen3_path", "qwen2_path"])  # QK-norm; qkv bias
+@pytest.mark.parametrize("n_prompts", [1, 2])
+def test_the_fused_path_gives_the_unfused_logits(model, n_prompts, request, monkeypatch):
+    path = request.getfixturevalue(model)
+    engine = _cpu_engine(path)
+    tokens, plain = _logits(engine, path, n_prompts)
+    monkeypatch.setattr(model_utils, "use_fused_decode", lambda x: x.shape[0] <= 2)
+    calls = _count_calls(monkeypatch, model_utils, "norm_linear")
+    fused_tokens, fused = _logits(engine, path, n_prompts, forced=tokens)
+    layers = len(engine.model.model.layers)
+    assert len(calls) == (STEPS - 1) * 2 * layers  # every decode step, both sublayers, and no prefill
+    for step, (a, b) in enumerate(zip(fused, plain)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m: f"step {step}: {m}")
+    assert [row.tolist() for row in torch.stack(fused, 1).argmax(-1)] == tokens
+    engine.shutdown()
+
+
+def test_a_backend_that_always_stores_keeps_the_unfused_path(qwen3_path, monkeypatch):
+    """A backend without ``accepts_stored_kv`` (a learner's, say) is never given k = v = None."""
+    from minisgl.attention.torch_backend import TorchAttnBackend
+
+    class StoresItself(TorchAttnBackend):
+        accepts_stored_kv = False
+
+        def forward(self, q, k, v, layer_id, batch):
+            assert k is not None and v is not None, "the fused path reached a backend that stores"
+            return super().forward(q, k, v, layer_id, batch)
+
+    engine = _cpu_engine(qwen3_path)
+    cfg = engine.config.model_config
+    engine.attn_backend = engine.ctx.attn_backend = StoresItself(cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim)
+    monkeypatch.setattr(model_utils, "use_fused_decode", lambda x: True)
+    calls = _count_calls(monkeypatch, model_utils, "norm_linear")
+    _logits(engine, qwen3_path, 1)
+    assert not calls
+    engine.shutdown()
+
+
+def test_the_references_are_the_unfused_ops():
+    torch.manual_seed(0)
+    x, w, nw, r = torch.randn(2, 16), torch.randn(12, 16), torch.randn(16), torch.randn(2, 12)
+    normed = torch_ops.rms_norm(x, nw, 1e-6)
+    assert torch.equal(torch_ops.norm_linear(x, nw, 1e-6, w), normed @ w.T)
+    gate, up = (normed @ w.T).chunk(2, dim=-1)
+    assert torch.equal(torch_ops.norm_linear(x, nw, 1e-6, w, swiglu=True), torch.nn.functional.silu(gate) * up)
+    expect = r + x @ w.T
+    assert torch.equal(torch_ops.linear_add_residual_(x, w, r, None), expect) and torch.equal(r, expect)
+
+
+KERNEL_SCRIPT = """
+import torch
+from minisgl.kernel import torch_ops, triton_fused as tf
+from minisgl.layers.rotary import _cos_sin_cache
+
+def check(got, ref, what, tol):
+    err = float((got.float() - ref.float()).abs().max())
+    scale = float(ref.float().abs().max())
+    assert err <= tol * scale, f"{what}: max |diff| {err:.3g} > {tol} x {scale:.3g}"
+
+torch.manual_seed(0)
+for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a few roundings
+    for m in (1, 2):
+        for n, k in ((8, 40), (12, 3000)):  # K in one block; K over two blocks of 2048, masked
+            x, xr = torch.randn(m, k), torch.randn(m, k)
+            w, nw = torch.randn(n, k) / k ** 0.5, 1 + 0.1 * torch.randn(k)
+            b, r = torch.randn(n), torch.randn(m, n)
+            for bias in (None, b):
+                args = [t.to(dtype) if t is not None else None for t in (x, nw, w, bias)]
+                ref = [t.float() if t is not None else None for t in args]  # same inputs, float32 math
+                what = f"{dtype} M={m} N={n} K={k} bias={bias is not None}"
+                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3]),
+                      torch_ops.norm_linear(ref[0], ref[1], 1e-6, ref[2], ref[3]), "norm_gemv " + what, tol)
+                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3], swiglu=True),
+                      torch_ops.norm_linear(ref[0], ref[1], 1e-6, ref[2], ref[3], swiglu=True), "swiglu " + what, tol)
+                res = r.to(dtype)
+                out = tf.gemv_add_residual_(xr.to(dtype), args[2], res, args[3])
+                assert out is res
+                check(res, torch_ops.linear_add_residual_(xr.to(dtype).float(), ref[2], r.to(dtype).float(), ref[3]),
+                      "add_residual " + what, tol)
+    T, hq, hkv, d = 3, 4, 2, 16
+    cos_sin = _cos_sin_cache(d, 64, 10000.0, None, torch.device("cpu"))
+    pos, loc = torch.tensor([0, 5, 17]), torch.tensor([7, 2, 9], dtype=torch.int32)
+    qkv = torch.randn(T, (hq + 2 * hkv) * d).to(dtype)
+    norms = (1 + 0.1 * torch.randn(d)).to(dtype), (1 + 0.1 * torch.randn(d)).to(dtype)
+    for q_norm, k_norm in (norms, (None, None)):
+        slots = [torch.zeros(12, hkv, d, dtype=dtype) for _ in range(4)]
+        q = tf.qk_norm_rope_store(qkv, pos, cos_sin, q_norm, k_norm, 1e-6, slots[0], slots[1], loc, hq, hkv, d)
+        q_ref = torch_ops.qk_norm_rope_store(qkv, pos, cos_sin, q_norm, k_norm, 1e-6, slots[2], slots[3],
+                                             loc.long(), hq, hkv, d)
+        what = f"qk_norm_rope_store {dtype} norm={q_norm is not None}"
+        check(q, q_ref, what + " q", tol)
+        check(slots[0], slots[2], what + " k", tol)
+        assert torch.equal(slots[1], slots[3]), what + " v"  # a copy
+        assert not slots[0][[0, 1, 3, 4, 5, 6, 8, 10, 11]].any(), what + " wrote outside out_loc"
+print("kernels ok")
+"""
+
+MODEL_SCRIPT = """
+import sys, torch
+import minisgl.kernel as kernel
+import minisgl.models.utils as model_utils
+from test_ch19_fused import _cpu_engine, _logits
+path = sys.argv[1]
+kernel.use_triton = lambda x: True  # the interpreter runs Triton on CPU tensors
+import minisgl.kernel.triton_fused as tf
+# wide tiles, so the interpreter runs a few programs, not hundreds (the kernel test runs the real tiles)
+tf.fused_gemv_config = lambda m, n, k, swiglu=False: tf.FusedGemvConfig(2, 64, 64, 4)
+engine = _cpu_engine(path)
+tokens, plain = _logits(engine, path, 2)
+model_utils.use_fused_decode = lambda x: x.shape[0] <= 2
+calls = []
+for name in ("norm_gemv", "gemv_add_residual_", "qk_norm_rope_store"):
+    real = getattr(tf, name)
+    setattr(tf, name, (lambda f: lambda *a, **kw: calls.append(f.__name__) or f(*a, **kw))(real))
+_, fused = _logits(engine, path, 2, forced=tokens)
+layers = len(engine.model.model.layers)
+assert sorted(set(calls)) == ["gemv_add_residual_", "norm_gemv", "qk_norm_rope_store"], calls
+assert len(calls) == 5 * layers * 3, len(calls)  # five kernels a layer, three decode steps
+for step, (a, b) in enumerate(zip(fused, plain)):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m: f"step {step}: {m}")
+print("model ok")
+"""
+
+
+DECODE_SCRIPT = """
+import torch
+from test_ch19_fused import paged_decode_case
+from minisgl.kernel.triton_decode import decode_attention
+for page, lens, hq, hkv in ((1, [37, 100], 4, 2), (4, [5], 8, 2), (16, [130, 1], 2, 2)):
+    # 4 splits: 5 tokens leave three chunks empty; 130 tokens span several pages per chunk
+    q, k_slots, v_slots, index, want = paged_decode_case(page, lens, hq, hkv, 16, torch.float32, "cpu")
+    got = decode_attention(q, k_slots, v_slots, *index, page, 16 ** -0.5, max_seq_len=200, num_splits=4)
+    err = float((got - want).abs().max())
+    assert err < 1e-5, (page, lens, err)
+print("decode ok")
+"""
+
+
+def paged_decode_case(page: int, lens, hq: int, hkv: int, dim: int, dtype, device):
+    """A pool of random K/V, requests on shuffled pages, FlashInfer's index of them, and the
+    attention of one random query per request computed directly (float32)."""
+    gen = torch.Generator().manual_seed(page)
+    num_pages = sum(-(-n // page) for n in lens) + 3
+    k_slots, v_slots = (torch.randn(num_pages * page, hkv, dim, generator=gen) for _ in range(2))
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    indptr, page_ids, last, want = [0], [], [], []
+    q = torch.randn(len(lens), hq, dim, generator=gen)
+    for b, n in enumerate(lens):
+        pages = order[indptr[-1] : indptr[-1] + -(-n // page)]
+        page_ids += pages
+        indptr.append(len(page_ids))
+        last.append(n - (len(pages) - 1) * page)
+        slots = torch.tensor([pages[t // page] * page + t % page for t in range(n)])
+        k = k_slots[slots].to(dtype).float().repeat_interleave(hq // hkv, 1)
+        v = v_slots[slots].to(dtype).float().repeat_interleave(hq // hkv, 1)
+        scores = torch.einsum("hd,thd->ht", q[b].to(dtype).float(), k) / math.sqrt(dim)
+        want.append(torch.einsum("ht,thd->hd", scores.softmax(-1), v))
+    index = [torch.tensor(x, dtype=torch.int32, device=device) for x in (indptr, page_ids, last)]
+    to = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return to(q), to(k_slots), to(v_slots), index, torch.stack(want).to(device)
+
+
+def _interpret(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test")
+def test_fused_kernels_match_their_references_in_the_interpreter():
+    res = _interpret(KERNEL_SCRIPT)
+    assert res.returncode == 0 and "kernels ok" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test")
+def test_split_kv_decode_attention_matches_softmax_attention_in_the_interpreter():
+    res = _interpret(DECODE_SCRIPT)
+    assert res.returncode == 0 and "decode ok" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test")
+def test_the_model_on_the_fused_triton_kernels_gives_the_unfused_logits(qwen3_path):
+    res = _interpret(MODEL_SCRIPT, str(qwen3_path))
+    assert res.returncode == 0 and "model ok" in res.stdout, res.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- GPU
+
+SHAPED = MODELS / "qwen3-0.6b-shaped"
+QWEN3_LAYER = dict(hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2])
+def test_fused_kernels_at_qwen3_shapes_match_float32(m):
+    """bf16 kernels against float32 math on the same bf16 inputs: 2**-6 of the largest
+    output covers the few roundings the kernels make on purpose; a wrong tile is far off."""
+    from minisgl.kernel import triton_fused as tf
+    from minisgl.layers.rotary import _cos_sin_cache
+
+    c, dev, bf = QWEN3_LAYER, "cuda", torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(m)
+    rand = lambda *s, scale=1.0: (torch.randn(*s, device=dev, generator=gen) * scale).to(bf)  # noqa: E731
+    h, i, d = c["hidden"], c["intermediate"], c["head_dim"]
+    x, nw = rand(m, h), 1 + rand(h, scale=0.1)
+    cases = {
+        "qkv": (tf.norm_gemv(x, nw, 1e-6, w := rand(4096, h, scale=h**-0.5)),
+                torch_ops.norm_linear(x.float(), nw.float(), 1e-6, w.float())),
+        "gate_up": (tf.norm_gemv(x, nw, 1e-6, w := rand(2 * i, h, scale=h**-0.5), swiglu=True),
+                    torch_ops.norm_linear(x.float(), nw.float(), 1e-6, w.float(), swiglu=True)),
+    }
+    for name, (n, k) in {"o": (h, 2048), "down": (h, i)}.items():
+        a, w, r = rand(m, k), rand(n, k, scale=k**-0.5), rand(m, n)
+        want = torch_ops.linear_add_residual_(a.float(), w.float(), r.float())
+        cases[name] = (tf.gemv_add_residual_(a, w, r), want)
+    qkv, loc = rand(m, 4096), torch.tensor([5, 9][:m], device=dev, dtype=torch.int32)
+    pos = torch.tensor([1000, 3][:m], device=dev, dtype=torch.int32)
+    cos_sin = _cos_sin_cache(d, 4096, 1e6, None, torch.device(dev))
+    norms = 1 + rand(d, scale=0.1), 1 + rand(d, scale=0.1)
+    slots = [torch.zeros(16, c["kv_heads"], d, device=dev, dtype=dt) for dt in (bf, bf, torch.float32, torch.float32)]
+    q = tf.qk_norm_rope_store(qkv, pos, cos_sin, *norms, 1e-6, slots[0], slots[1], loc, c["heads"], c["kv_heads"], d)
+    q_ref = torch_ops.qk_norm_rope_store(qkv.float(), pos, cos_sin, norms[0].float(), norms[1].float(), 1e-6,
+                                         slots[2], slots[3], loc.long(), c["heads"], c["kv_heads"], d)
+    cases.update(q=(q, q_ref), k_cache=(slots[0], slots[2]), v_cache=(slots[1], slots[3]))
+    for name, (got, want) in cases.items():
+        assert got.dtype == bf and got.shape == want.shape, name
+        rel = float((got.float() - want).abs().max() / want.abs().max())
+        assert rel < 2**-6, f"{name} M={m}: max |fused - fp32| / max |fp32| = {rel:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [1, 16])
+def test_split_kv_decode_attention_at_qwen3_shapes(page):
+    """bf16 q, K, V; float32 softmax over them as the reference. Contexts of 1,000 tokens
+    (every chunk full) and 37 (most of the 16 chunks empty)."""
+    from minisgl.kernel.triton_decode import decode_attention
+
+    for lens in ([1000], [1000, 37]):
+        q, k, v, index, want = paged_decode_case(page, lens, 16, 8, 128, torch.bfloat16, "cuda")
+        got = decode_attention(q, k, v, *index, page, 128**-0.5, max_seq_len=1024)
+        rel = float((got.float() - want).abs().max() / want.abs().max())
+        assert got.dtype == torch.bfloat16 and rel < 2**-6, f"page {page}, contexts {lens}: {rel:.2e}"
+
+
+def _gpu_engine(page_size: int, graphs: int = 0):
+    from minisgl.engine import Engine, EngineConfig
+
+    path = next((p for p in (SHAPED, SMOLLM2) if (p / "config.json").is_file()), None)
+    if path is None:
+        pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
+    return path, Engine(EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", page_size=page_size,
+                                     max_running_req=4, num_page_override=2048 // page_size,
+                                     max_seq_len_override=256, cuda_graph_max_bs=graphs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("n_prompts", [1, 2])
+def test_the_engine_on_the_fused_path_gives_the_unfused_logits(page_size, n_prompts, monkeypatch):
+    """Teacher-forced: the unfused run's tokens are fed to the fused one. Same tolerance as
+    FlashInfer against the torch backend (chapter 17): 2 % of each step's logit range."""
+    from minisgl.env import ENV
+    from minisgl.kernel import triton_decode, triton_fused
+
+    path, engine = _gpu_engine(page_size)
+    monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", True)
+    tokens, plain = _logits(engine, path, n_prompts)
+    monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", False)
+    calls = _count_calls(monkeypatch, triton_fused, "qk_norm_rope_store")
+    attention_calls = _count_calls(monkeypatch, triton_decode, "decode_attention")
+    _, fused = _logits(engine, path, n_prompts, forced=tokens)
+    assert len(calls) == len(attention_calls) == (STEPS - 1) * len(engine.model.model.layers)
+    for step, (a, b) in enumerate(zip(fused, plain)):
+        diff, scale = float((a - b).abs().max()), float(b.max() - b.min())
+        assert diff <= 0.02 * scale, f"step {step}: max |fused - unfused| {diff:.3f} > 2% of {scale:.2f}"
+    engine.shutdown()
+
+
+@pytest.mark.gpu
+def test_the_fused_path_replays_in_a_cuda_graph():
+    """Graphs of batch 1 and 2 are captured on the fused path: greedy tokens with the graph
+    equal the eager ones, and the residual stream updated in place survives replay."""
+    path, engine = _gpu_engine(page_size=16, graphs=2)
+    assert engine.graph_runner.graph_bs == [1, 2]
+    for n in (1, 2):
+        ids = [hf_encode(path, p) for p in PROMPTS[:n]]
+        eager, _ = manual.greedy(engine, manual.place(engine, ids, 16), 16, use_graph=False)
+        graph, _ = manual.greedy(engine, manual.place(engine, ids, 16), 16, use_graph=True)
+        assert graph == eager, f"{n} prompt(s)"
+    engine.shutdown()
