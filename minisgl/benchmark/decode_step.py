@@ -17,6 +17,9 @@ cached tokens by hand (consecutive pages, zero KV), then times ``--steps`` steps
 * ``step ms``: wall time of a whole step as the scheduler runs it: attention metadata,
   the forward pass, the argmax, and a wait for the result.
 
+``kernels`` counts the GPU kernels of one forward pass (``torch.profiler``, copies left
+out): at batch 1 the step's time follows this count more than its bytes (chapter 19).
+
 The KV written by each step goes to the same slot every time, so the context stays fixed.
 Mirrors upstream ``minisgl.benchmark.perf`` (kernel timing) and the decode numbers of
 upstream's README.
@@ -100,6 +103,22 @@ def time_steps(engine: Engine, batch: Batch, steps: int, use_graph: bool) -> tup
     return gpu_ms, wall_ms
 
 
+def count_kernels(engine: Engine, batch: Batch) -> int:
+    """GPU kernels launched by one eager forward pass of ``batch`` (memory copies and sets
+    not counted), as ``torch.profiler`` records them."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.attn_backend.prepare_metadata(batch)
+    with engine.ctx.forward_batch(batch):
+        engine.model.forward()  # FlashInfer plans in the first layer: keep that out of the count
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.model.forward()
+            torch.cuda.synchronize(engine.device)
+    return sum(1 for e in prof.events()
+               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+
+
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
@@ -135,9 +154,9 @@ def main(argv: List[str] | None = None) -> None:
             off = time_steps(engine, batch, args.steps, use_graph=False)
             floor_ms = (w_bytes + bs * (args.context + 1) * kv_token) / bandwidth * 1e3
             fmt = lambda t: f"{t[0]:.3f} / {t[1]:.3f}" if t else "-"  # noqa: E731
-            rows.append([bs, args.context, fmt(on), fmt(off), f"{floor_ms:.3f}",
+            rows.append([bs, args.context, count_kernels(engine, batch), fmt(on), fmt(off), f"{floor_ms:.3f}",
                          f"{on[0] / floor_ms:.2f}x" if on else "-"])
-    print(format_table(["batch", "context", "graphs on: GPU / step ms", "graphs off: GPU / step ms",
+    print(format_table(["batch", "context", "kernels", "graphs on: GPU / step ms", "graphs off: GPU / step ms",
                         "floor ms", "graphs GPU / floor"], rows))
     engine.shutdown()
 
