@@ -11,7 +11,7 @@ slots) and on any device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,8 @@ class TorchAttnBackend(BaseAttnBackend):
         raise NotImplementedError("Exercise 151: implement TorchAttnBackend.prepare_metadata")
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         raise NotImplementedError("Exercise 151: implement TorchAttnBackend.forward")
 

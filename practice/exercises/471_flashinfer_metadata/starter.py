@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -82,6 +82,9 @@ class FIMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor  # [B] int64 on the device: each request's last query row
     wrapper: Any  # the FlashInfer wrapper that will run this batch
     planned: bool = False
+    # the engine's split-KV path for one- or two-request decodes (chapter 19) is not part of
+    # this exercise: this backend never sets it, and decodes of every size use FlashInfer
+    small_decode: Optional[tuple] = None
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
         return self.last_indices[:bs]
@@ -127,7 +130,8 @@ class FlashInferBackend(BaseAttnBackend):
         raise NotImplementedError("Exercise 471: implement FlashInferBackend.prepare_metadata")
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        batch: Batch,
     ) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         if not meta.planned:
@@ -136,7 +140,8 @@ class FlashInferBackend(BaseAttnBackend):
             # batch still runs on the engine's, and plan() overwrites the workspace that
             # batch's kernels are reading. Here we are on the engine stream, in order.
             self._plan(meta)
-        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        if k is not None and v is not None:  # None: stored by the fused decode path
+            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
 
