@@ -105,6 +105,39 @@ def test_a_backend_that_always_stores_keeps_the_unfused_path(qwen3_path, monkeyp
     engine.shutdown()
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_kernels_refuse_bad_input_before_launching():
+    """Checked on the host, so a wrong call is a ValueError, never an out-of-bounds kernel."""
+    from minisgl.kernel import triton_decode, triton_fused as tf
+
+    def refused(fn, *args, **kwargs):
+        with pytest.raises(ValueError):
+            fn(*args, **kwargs)
+
+    x, w, r = torch.randn(1, 16), torch.randn(8, 16), torch.randn(1, 8)
+    refused(tf.norm_gemv, x, torch.ones(16), 1e-6, w, torch.zeros(8, dtype=torch.bfloat16))  # bias dtype
+    refused(tf.norm_gemv, x, torch.ones(16), 1e-6, torch.randn(7, 16), swiglu=True)  # odd [gate | up]
+    refused(tf.norm_gemv, x.int(), torch.ones(16), 1e-6, w.int())  # integers
+    refused(tf.gemv_add_residual_, x, w, torch.randn(4, 8))  # residual of another shape
+    refused(tf.gemv_add_residual_, x, w, torch.randn(1, 16)[:, ::2])  # residual rows not contiguous
+    qkv, slots = torch.randn(2, (4 + 2 * 2) * 16), torch.zeros(10, 2, 16)
+    good = dict(qkv=qkv, positions=torch.tensor([0, 1]), cos_sin_cache=torch.zeros(8, 16), q_norm=None,
+                k_norm=None, eps=1e-6, k_slots=slots, v_slots=slots.clone(), out_loc=torch.tensor([3, 4]),
+                num_qo_heads=4, num_kv_heads=2, head_dim=16)
+    for bad in (dict(v_slots=torch.zeros(3, 2, 16)), dict(out_loc=torch.tensor([3])),
+                dict(positions=torch.tensor([0])), dict(q_norm=torch.ones(8), k_norm=torch.ones(8)),
+                dict(cos_sin_cache=torch.zeros(16, 8).t()), dict(head_dim=12)):
+        refused(tf.qk_norm_rope_store, **{**good, **bad})
+    q, index = torch.randn(2, 4, 16), [torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+                                       torch.tensor([1, 1], dtype=torch.int32)]
+    good = dict(q=q, k_slots=slots, v_slots=slots.clone(), kv_indptr=index[0], kv_page_ids=index[1],
+                kv_last_page_len=index[2], page_size=1, sm_scale=0.25, max_seq_len=8)
+    for bad in (dict(kv_indptr=index[0][:2]), dict(kv_last_page_len=index[2][:1]), dict(v_slots=slots[:, :1]),
+                dict(q=q.bfloat16()), dict(num_splits=0), dict(page_size=0), dict(max_seq_len=0),
+                dict(k_slots=slots[:, 0], v_slots=slots[:, 0])):
+        refused(triton_decode.decode_attention, **{**good, **bad})
+
+
 def test_the_references_are_the_unfused_ops():
     torch.manual_seed(0)
     x, w, nw, r = torch.randn(2, 16), torch.randn(12, 16), torch.randn(16), torch.randn(2, 12)
@@ -129,7 +162,7 @@ def check(got, ref, what, tol):
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a few roundings
     for m in (1, 2):
-        for n, k in ((8, 40), (12, 3000)):  # K in one block; K over two blocks of 2048, masked
+        for n, k in ((8, 40), (12, 3000), (6, 4096)):  # one block; 12 blocks of 256, masked; 2 of 2048
             x, xr = torch.randn(m, k), torch.randn(m, k)
             w, nw = torch.randn(n, k) / k ** 0.5, 1 + 0.1 * torch.randn(k)
             b, r = torch.randn(n), torch.randn(m, n)
@@ -302,7 +335,7 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
 @pytest.mark.parametrize("page", [1, 16])
 def test_split_kv_decode_attention_at_qwen3_shapes(page):
     """bf16 q, K, V; float32 softmax over them as the reference. Contexts of 1,000 tokens
-    (every chunk full) and 37 (most of the 16 chunks empty)."""
+    (every chunk used, the last one partly) and 37 (most of the 16 chunks empty)."""
     from minisgl.kernel.triton_decode import decode_attention
 
     for lens in ([1000], [1000, 37]):

@@ -121,17 +121,28 @@ def decode_attention(
     ``q: [B, H_q, D]``; ``k_slots, v_slots: [num_slots, H_kv, D]`` contiguous (the pool's
     per-token view); ``kv_indptr: [B + 1]``, ``kv_page_ids``, ``kv_last_page_len: [B]``
     int32 on the device (FlashInfer's paged index); ``sm_scale`` usually ``D ** -0.5``;
-    ``max_seq_len`` bounds every request's context (it sets the programs' loop count).
+    ``max_seq_len`` bounds every request's context (it sets the programs' loop count; a longer
+    context would be cut short, which only the caller can rule out without a device sync).
     Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
     programs, then ``B x H_q`` merges. ``D`` must be a power of two of at least 16.
 
     Raises:
-        ValueError: on shapes that disagree.
+        ValueError: on shapes, dtypes or sizes that disagree.
     """
+    if q.dim() != 3 or k_slots.dim() != 3 or v_slots.shape != k_slots.shape:
+        raise ValueError(f"q must be [B, H_q, D] and the slots [num_slots, H_kv, D], got {tuple(q.shape)}, "
+                         f"{tuple(k_slots.shape)} and {tuple(v_slots.shape)}")
     bs, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
-    if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
+    if k_slots.shape[2] != head_dim or num_kv_heads < 1 or num_qo_heads % num_kv_heads or not q.is_contiguous():
         raise ValueError(f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree")
+    if not q.dtype == k_slots.dtype == v_slots.dtype:
+        raise ValueError(f"q, k_slots and v_slots must share a dtype, got {q.dtype}, {k_slots.dtype}, {v_slots.dtype}")
+    if kv_indptr.shape != (bs + 1,) or kv_last_page_len.shape != (bs,):
+        raise ValueError(f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
+                         f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}")
+    if page_size < 1 or max_seq_len < 1 or num_splits < 1:
+        raise ValueError(f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}")
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
     if not (k_slots.is_contiguous() and v_slots.is_contiguous()):

@@ -164,8 +164,11 @@ def _check_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x must be fp16, bf16 or float32, got {x.dtype}")
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}")
+        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
+                         f"bias {None if bias is None else bias.dtype}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("the rows of x and weight must be contiguous")
 
@@ -223,13 +226,16 @@ def gemv_add_residual_(
 ) -> torch.Tensor:
     """``residual += linear(x, weight, bias)``, in place, in one kernel; returns ``residual``.
 
-    ``x: [M, K]``, ``weight: [N, K]``, ``residual: [M, N]`` with contiguous rows. Same
+    ``x: [M, K]``, ``weight: [N, K]``, ``residual: [M, N]`` with contiguous rows, not
+    overlapping ``x`` (programs write the residual while others still read ``x``). Same
     reference as ``torch_ops.linear_add_residual_``. Raises ValueError on mismatched shapes.
     """
     _check_gemv(x, weight, bias, weight.shape[0])
-    if residual.shape != (x.shape[0], weight.shape[0]) or residual.stride(1) != 1 or residual.dtype != x.dtype:
+    if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:
         raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] in {x.dtype}, "
                          f"got {tuple(residual.shape)} in {residual.dtype}")
+    if residual.stride(1) != 1:
+        raise ValueError("the residual's rows must be contiguous")
     _launch(x, weight, bias, residual, weight.shape[0], residual=residual, config=config)
     return residual
 
@@ -304,8 +310,15 @@ def qk_norm_rope_store(
     if k_slots.shape[1:] != (num_kv_heads, head_dim) or not (k_slots.is_contiguous() and v_slots.is_contiguous()):
         raise ValueError(f"the KV slots must be contiguous [num_slots, {num_kv_heads}, {head_dim}], "
                          f"got {tuple(k_slots.shape)}")
-    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim:
-        raise ValueError(f"cos_sin_cache must be float32 [max_pos, {head_dim}]")
+    if v_slots.shape != k_slots.shape or v_slots.dtype != k_slots.dtype or k_slots.dtype != qkv.dtype:
+        raise ValueError(f"k_slots {tuple(k_slots.shape)} {k_slots.dtype}, v_slots {tuple(v_slots.shape)} "
+                         f"{v_slots.dtype} and qkv {qkv.dtype} must agree")
+    if positions.shape != (t,) or out_loc.shape != (t,):
+        raise ValueError(f"positions and out_loc must be [{t}], got {tuple(positions.shape)} and {tuple(out_loc.shape)}")
+    if q_norm is not None and k_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
+        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim or not cos_sin_cache.is_contiguous():
+        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}]")
     q = torch.empty((t, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
