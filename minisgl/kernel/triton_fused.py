@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_options, use_pdl
+from .triton_gemv import check_gemv_args
 
 # Tiles measured on an H200 (``python benchmarks/fused_decode.py --sweep``): four output rows
 # per program, one per warp, and long rows of K beat both one-row programs and split-K
@@ -160,17 +161,10 @@ def _fused_gemv_kernel(
 
 
 def _check_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> None:
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
+    """``triton_gemv``'s checks, and a float dtype (the epilogues round to it)."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"x must be fp16, bf16 or float32, got {x.dtype}")
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
-                         f"bias {None if bias is None else bias.dtype}")
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("the rows of x and weight must be contiguous")
+    check_gemv_args(x, weight, bias, rows)
 
 
 def _launch(

@@ -161,6 +161,24 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def check_gemv_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> None:
+    """What a GEMV assumes of ``x: [M, K]``, ``weight: [N, K]`` and ``bias: [rows]`` (``rows``
+    is N, or the bias length a caller expects): shapes, one dtype, contiguous rows.
+
+    Raises:
+        ValueError: naming the first assumption that fails.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
+                         f"bias {None if bias is None else bias.dtype}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("the rows of x and weight must be contiguous")
+
+
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
     config: Optional[GemvConfig] = None,
@@ -178,17 +196,9 @@ def gemv(
         ValueError: on mismatched shapes or dtypes, non-contiguous rows, or a config too
             small for ``M``.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    check_gemv_args(x, weight, bias, weight.shape[0])
     m, k = x.shape
     n = weight.shape[0]
-    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous [{n}], got {tuple(bias.shape)}")
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
-                         f"bias {None if bias is None else bias.dtype}")
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("the rows of x and weight must be contiguous")
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
