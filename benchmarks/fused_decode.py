@@ -112,15 +112,14 @@ def sweep(step: Step, layers: List[Dict[str, torch.Tensor]], replays: int, top: 
         "down (add)": ("down", False, lambda w, cf: triton_fused.gemv_add_residual_(act, w["down"], step.residual, config=cf)),
     }
     rows = []
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for name, (key, swiglu, call) in gemvs.items():
         n, k = layers[0][key].shape
         n = n // 2 if swiglu else n
-        picked = triton_fused.fused_gemv_config(m, n, k, swiglu, sms)
+        picked = triton_fused.fused_gemv_config(m, n, k, swiglu)
         block_m = picked.block_m
         grid = [triton_fused.FusedGemvConfig(block_m, bn, bk, wp)
-                for bn, bk, wp in itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048), (4, 8))
-                if bk <= k and block_m * bn * bk * (2 if swiglu else 1) <= 128 * 32 * wp]
+                for bn, bk, wp in itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (4, 8))
+                if bk < 2 * k and block_m * bn * bk * (2 if swiglu else 1) <= 128 * 32 * wp]
         timed = sorted((graph_time_us([lambda w=w, cf=cf: call(w, cf) for w in layers], replays), cf)
                        for cf in {picked, *grid})
         nbytes = layers[0][key].numel() * layers[0][key].element_size()

@@ -162,7 +162,9 @@ def check(got, ref, what, tol):
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a few roundings
     for m in (1, 2):
-        for n, k in ((8, 40), (12, 3000), (6, 4096)):  # one block; 12 blocks of 256, masked; 2 of 2048
+        # one masked tile; three 1,024-wide tiles, the last masked; one 4,096-wide tile
+        for n, k, tiles in ((8, 40, None), (12, 3000, (4, 1024)), (6, 4096, None)):
+            cfg = tf.FusedGemvConfig(2, *tiles, 4) if tiles else None
             x, xr = torch.randn(m, k), torch.randn(m, k)
             w, nw = torch.randn(n, k) / k ** 0.5, 1 + 0.1 * torch.randn(k)
             b, r = torch.randn(n), torch.randn(m, n)
@@ -170,12 +172,12 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a fe
                 args = [t.to(dtype) if t is not None else None for t in (x, nw, w, bias)]
                 ref = [t.float() if t is not None else None for t in args]  # same inputs, float32 math
                 what = f"{dtype} M={m} N={n} K={k} bias={bias is not None}"
-                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3]),
+                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3], config=cfg),
                       torch_ops.norm_linear(ref[0], ref[1], 1e-6, ref[2], ref[3]), "norm_gemv " + what, tol)
-                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3], swiglu=True),
+                check(tf.norm_gemv(args[0], args[1], 1e-6, args[2], args[3], swiglu=True, config=cfg),
                       torch_ops.norm_linear(ref[0], ref[1], 1e-6, ref[2], ref[3], swiglu=True), "swiglu " + what, tol)
                 res = r.to(dtype)
-                out = tf.gemv_add_residual_(xr.to(dtype), args[2], res, args[3])
+                out = tf.gemv_add_residual_(xr.to(dtype), args[2], res, args[3], config=cfg)
                 assert out is res
                 check(res, torch_ops.linear_add_residual_(xr.to(dtype).float(), ref[2], r.to(dtype).float(), ref[3]),
                       "add_residual " + what, tol)

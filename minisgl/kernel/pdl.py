@@ -10,7 +10,11 @@ a kernel launched as a PDL *secondary* may start while its *primary* is still ru
   weights), then calls ``tl.extra.cuda.gdc_wait()``, which returns once the primary has
   finished and its writes are visible;
 * the primary calls ``tl.extra.cuda.gdc_launch_dependents()`` to let its secondary be
-  scheduled now rather than at its end.
+  scheduled now rather than at its end. Ours call it first thing: the secondary is then
+  scheduled once every program of the primary is running, and its own secondary once all
+  of *its* programs run, so as far as the SMs have room, the weights of the next few
+  kernels stream in while one kernel finishes. The wait keeps it correct: nothing a
+  kernel reads before ``gdc_wait`` may be written by the kernels before it in the step.
 
 Both are no-ops unless the launch asked for PDL, and CUDA graphs keep the relation. Chapter
 19's batch-1 kernels (``triton_fused``, ``triton_decode``) take ``PDL: tl.constexpr`` from

@@ -6,7 +6,9 @@ megabytes of KV reads over 132 SMs, so the context is also split into ``num_spli
 chunks: a program per (request, KV head, chunk) computes the attention of the head's
 ``G = H_q / H_kv`` query heads over its chunk, with the chunk's own softmax, and writes
 an unnormalised partial result and its log-sum-exp; a second kernel weighs the partials
-by ``exp(lse - max lse)`` and sums them. Both steps are exact: the result equals one
+by ``exp(lse - max lse)`` and sums them. In a decode step every token but the last was
+stored by an earlier step, so a program reads its first K/V tile before its PDL wait, while
+the kernel before (which stores the last token) still runs, and adds the last token after. Both steps are exact: the result equals one
 softmax over the whole context, up to the order of sums.
 
 The KV lives in the paged pool as FlashInfer indexes it (chapter 17): request ``b``'s pages
@@ -30,6 +32,26 @@ import triton.language as tl
 from .pdl import launch_options, use_pdl
 
 BLOCK_T = 64  # tokens per iteration of a program
+NUM_SPLITS = 32  # chunks of a request's context, by default (16 was 1 us a layer slower on an H200)
+NUM_WARPS = 4
+
+
+@triton.jit
+def _kv_rows(page_ids_ptr, first_page, pos, limit, kv_head, stride_slot, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Where the K/V rows of positions ``pos: [R]`` of one request start in the pool (element
+    offsets), and the mask ``pos < limit`` (the page lookups past it read nothing)."""
+    mask = pos < limit
+    page = tl.load(page_ids_ptr + first_page + pos // PAGE, mask=mask, other=0).to(tl.int64)
+    return (page * PAGE + pos % PAGE) * stride_slot + kv_head * HEAD_DIM, mask
+
+
+@triton.jit
+def _load_kv(k_ptr, v_ptr, rows, mask, HEAD_DIM: tl.constexpr):
+    """K and V at ``rows: [R]``, ``[R, D]`` each; zeros (nothing read) where ``mask`` is off."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0)
+    v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0)
+    return k, v
 
 
 @triton.jit
@@ -39,6 +61,8 @@ def _decode_partial_kernel(
     MAX_ITERS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -48,16 +72,27 @@ def _decode_partial_kernel(
     chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_T) * BLOCK_T
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
-
-    if PDL:  # q and this step's K/V come from the kernel before (the index does not)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    offs_t = tl.arange(0, BLOCK_T)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
+
+    # Every token but this step's (the last) was stored by an earlier step: the first tile
+    # of them is read before waiting for the kernel before, which writes q and the last
+    # token's K/V; so is where the last token's K/V go (the index is the host's, copied
+    # before the step). Its [BLOCK_G, D] tile repeats one row, so its score is a row sum.
+    before_last = tl.minimum(end, seq_len - 1)
+    rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + offs_t, before_last, kv_head, stride_slot, PAGE, HEAD_DIM)
+    k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)
+    last = seq_len - 1 + 0 * offs_g
+    last_rows, has_last = _kv_rows(page_ids_ptr, first_page, last, end, kv_head, stride_slot, PAGE, HEAD_DIM)
+    has_last = has_last & (last >= start)  # only the chunk that holds it
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     g_mask = offs_g < GROUP
     q_head = kv_head * GROUP + offs_g  # this KV head's query heads
     q_ptrs = q_ptr + (b * NUM_KV_HEADS * GROUP + q_head)[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
+    k_last, v_last = _load_kv(k_ptr, v_ptr, last_rows, has_last, HEAD_DIM)
 
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
@@ -65,12 +100,6 @@ def _decode_partial_kernel(
     # a bound fixed at compile time (from the longest context a request may have), so one
     # graph serves every length; iterations past ``end`` load nothing
     for it in range(0, MAX_ITERS):
-        pos = start + it * BLOCK_T + tl.arange(0, BLOCK_T)
-        t_mask = pos < end
-        page = tl.load(page_ids_ptr + first_page + pos // PAGE, mask=t_mask, other=0).to(tl.int64)
-        row = (page * PAGE + pos % PAGE) * stride_slot + kv_head * HEAD_DIM
-        k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * sm_scale  # [BLOCK_G, BLOCK_T], float32
         s = tl.where(t_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -80,6 +109,20 @@ def _decode_partial_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
+        rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + (it + 1) * BLOCK_T + offs_t, before_last,
+                                kv_head, stride_slot, PAGE, HEAD_DIM)
+        k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)  # the next tile (nothing after the last)
+
+    # the last token, in the chunk that holds it
+    s_last = tl.sum(q.to(tl.float32) * k_last.to(tl.float32), axis=1) * sm_scale
+    s_last = tl.where(has_last, s_last, float("-inf"))
+    m_new = tl.maximum(m_i, s_last)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p_last = tl.exp(s_last - m_safe)
+    l_i = l_i * alpha + p_last
+    acc = acc * alpha[:, None] + p_last.to(v_last.dtype).to(tl.float32)[:, None] * v_last.to(tl.float32)
+    m_i = m_new
 
     # an empty chunk (a short context split many ways) leaves lse = -inf: weight 0 in the merge
     lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
@@ -95,26 +138,26 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     row = tl.program_id(0)  # b * H_q + head
-    if PDL:  # the partials are visible; o_proj's GEMV may start loading its weights
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()  # o_proj's GEMV may start loading its weights
+        tl.extra.cuda.gdc_wait()  # the partials are visible
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
     s_mask = offs_s < num_splits
+    # both loads at once: an empty chunk's output (never written) is weighed out after
     lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
+    o = tl.load(part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=s_mask[:, None], other=0.0)
     weight = tl.exp(lse - tl.max(lse, axis=0))
     weight = weight / tl.sum(weight, axis=0)
-    keep = s_mask & (weight > 0)  # an empty chunk wrote no partial output
-    o = tl.load(part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=keep[:, None], other=0.0)
-    out = tl.sum(o * weight[:, None], axis=0)
+    out = tl.sum(tl.where((weight > 0)[:, None], o * weight[:, None], 0.0), axis=0)
     tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 def decode_attention(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, kv_indptr: torch.Tensor,
     kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int, sm_scale: float,
-    max_seq_len: int, num_splits: int = 16,
+    max_seq_len: int, num_splits: int = NUM_SPLITS,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context.
 
@@ -123,6 +166,9 @@ def decode_attention(
     int32 on the device (FlashInfer's paged index); ``sm_scale`` usually ``D ** -0.5``;
     ``max_seq_len`` bounds every request's context (it sets the programs' loop count; a longer
     context would be cut short, which only the caller can rule out without a device sync).
+    With PDL, q and each request's last token's K/V may be written by the kernel just
+    before; the rest of the context must have been stored earlier (a decode step: it is read
+    before the wait).
     Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
     programs, then ``B x H_q`` merges. ``D`` must be a power of two of at least 16.
 
@@ -158,7 +204,8 @@ def decode_attention(
         q, k_slots, v_slots, kv_indptr, kv_page_ids, kv_last_page_len, part_o, part_lse,
         sm_scale, k_slots.stride(0), num_splits,
         MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T), GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        NUM_KV_HEADS=num_kv_heads, PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, **launch_options(pdl),
+        NUM_KV_HEADS=num_kv_heads, PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, num_warps=NUM_WARPS,
+        **launch_options(pdl),
     )
     _decode_merge_kernel[(bs * num_qo_heads,)](
         part_o, part_lse, out, num_splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),

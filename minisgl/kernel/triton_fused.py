@@ -47,14 +47,14 @@ import triton.language as tl
 from .pdl import launch_options, use_pdl
 from .triton_gemv import check_gemv_args
 
-# Tiles measured on an H200 (``python benchmarks/fused_decode.py --sweep``): four output rows
-# per program, one per warp, and long rows of K beat both one-row programs and split-K
-# here: each program has 8-16 KB of weight loads in flight at once.
+# Tiles measured on an H200, in the whole decode step (``python benchmarks/fused_decode.py
+# --sweep`` times each GEMV alone): four output rows per program, and a whole row of K in
+# one tile, so that a program reads all of its weights before its PDL wait (down_proj's
+# K = 3,072 in one masked 4,096-wide tile saved 2 us a layer over three 1,024-wide ones).
 BLOCK_N = 4
-MAX_BLOCK_K = 2048
-MIN_BLOCK_K = 256
+MAX_BLOCK_K = 4096
 # float32 accumulator elements per thread at most (BLOCK_M x BLOCK_N x BLOCK_K, twice for
-# SwiGLU, over 128 threads): past this the registers spill.
+# SwiGLU, over the threads): past this the registers spill.
 MAX_ACC_PER_THREAD = 128
 
 
@@ -68,18 +68,17 @@ class FusedGemvConfig(NamedTuple):
 
 
 def fused_gemv_config(m: int, n: int, k: int, swiglu: bool = False) -> FusedGemvConfig:
-    """``BLOCK_N = 4``; ``BLOCK_K`` the largest power of two up to ``MAX_BLOCK_K`` that divides
-    ``K`` (no masked last chunk), but at least ``MIN_BLOCK_K``, and halved while the
-    accumulators would pass ``MAX_ACC_PER_THREAD``; 4 warps. ``n`` counts outputs (for
-    SwiGLU, ``I``); it does not change the tiles. Raises ValueError for a non-positive size."""
+    """``BLOCK_N = 4``; ``BLOCK_K`` the next power of two >= ``K`` up to ``MAX_BLOCK_K``
+    (the lanes past ``K`` are masked off); 4 warps, or 8 when 4 would hold more than
+    ``MAX_ACC_PER_THREAD`` accumulators each, and ``BLOCK_K`` halved while even 8 would.
+    ``n`` counts outputs (for SwiGLU, ``I``); it does not change the tiles.
+    Raises ValueError for a non-positive size."""
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"gemv needs positive sizes, got M={m}, N={n}, K={k}")
-    num_warps, block_m = 4, triton.next_power_of_2(m)
-    block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    while block_k > MIN_BLOCK_K and k % block_k:
-        block_k //= 2
-    per_thread = lambda bk: block_m * BLOCK_N * bk * (2 if swiglu else 1) // (32 * num_warps)  # noqa: E731
-    while block_k > 16 and per_thread(block_k) > MAX_ACC_PER_THREAD:
+    block_m, block_k = triton.next_power_of_2(m), min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    per_thread = lambda bk, warps: block_m * BLOCK_N * bk * (2 if swiglu else 1) // (32 * warps)  # noqa: E731
+    num_warps = 4 if per_thread(block_k, 4) <= MAX_ACC_PER_THREAD else 8
+    while block_k > 16 and per_thread(block_k, num_warps) > MAX_ACC_PER_THREAD:
         block_k //= 2
     return FusedGemvConfig(block_m, BLOCK_N, block_k, num_warps)
 
@@ -105,6 +104,8 @@ def _fused_gemv_kernel(
     PDL: tl.constexpr,
 ):
     dtype = x_ptr.dtype.element_ty
+    if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
+        tl.extra.cuda.gdc_launch_dependents()
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -113,50 +114,62 @@ def _fused_gemv_kernel(
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     up_rows = w_rows + N * stride_wn  # SwiGLU: the up projection's row j follows the gate's
+    out_mask = m_mask[:, None] & n_mask[None, :]
 
-    # The weights do not depend on the previous kernel: start reading them before waiting
-    # for it. With PDL this program may run while the previous kernel is still finishing.
+    # The weights (and the norm's, and the bias) do not depend on the previous kernel: read
+    # them before waiting for it. With PDL this program may run while the kernels before it
+    # are still finishing; a row of K <= BLOCK_K is then read whole before the wait.
     w, w_up = _load_weight_tile(w_rows, up_rows, 0, offs_k, n_mask, K, SWIGLU)
+    if NORM:
+        norm_w = tl.load(norm_w_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        if SWIGLU:
+            bias_up = tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     if PDL:
         tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x, the residual) are visible
-        tl.extra.cuda.gdc_launch_dependents()  # the next kernel may start on its weights
+    # then what it wrote, at once: x's first tile and the residual the epilogue adds to
+    x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)
+    if ADD_RESIDUAL:
+        r_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]
+        residual = tl.load(r_ptrs, mask=out_mask, other=0.0).to(tl.float32)
 
     if NORM:  # prologue, pass 1: each row's mean square, over all of K
-        sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        sum_sq = tl.sum(x.to(tl.float32) * x.to(tl.float32), axis=1)
+        for k0 in range(BLOCK_K, K, BLOCK_K):  # the tiles after the first, if any
             mask = m_mask[:, None] & (k0 + offs_k < K)[None, :]
-            x = tl.load(x_rows + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-            sum_sq += tl.sum(x * x, axis=1)
+            x_k = tl.load(x_rows + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+            sum_sq += tl.sum(x_k * x_k, axis=1)
         inv_rms = tl.rsqrt(sum_sq / K + eps)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)  # unused without SWIGLU
     for k0 in range(0, K, BLOCK_K):
-        k_mask = k0 + offs_k < K
-        x = tl.load(x_rows + k0 + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        x = x.to(tl.float32)
+        x_f = x.to(tl.float32)
         if NORM:  # prologue, pass 2: rounded where the unfused norm writes its output
-            norm_w = tl.load(norm_w_ptr + k0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            x = (x * inv_rms[:, None]).to(dtype).to(tl.float32)
-            x = (x * norm_w[None, :]).to(dtype).to(tl.float32)
-        acc += x[:, None, :] * w[None, :, :]
+            x_f = (x_f * inv_rms[:, None]).to(dtype).to(tl.float32)
+            x_f = (x_f * norm_w[None, :]).to(dtype).to(tl.float32)
+        acc += x_f[:, None, :] * w[None, :, :]
         if SWIGLU:
-            acc_up += x[:, None, :] * w_up[None, :, :]
-        w, w_up = _load_weight_tile(w_rows, up_rows, k0 + BLOCK_K, offs_k, n_mask, K, SWIGLU)  # the next tile
+            acc_up += x_f[:, None, :] * w_up[None, :, :]
+        # the next tile of each (masked off, reading nothing, after the last)
+        k_next = k0 + BLOCK_K + offs_k
+        w, w_up = _load_weight_tile(w_rows, up_rows, k0 + BLOCK_K, offs_k, n_mask, K, SWIGLU)
+        x = tl.load(x_rows + k_next[None, :], mask=m_mask[:, None] & (k_next < K)[None, :], other=0.0)
+        if NORM:
+            norm_w = tl.load(norm_w_ptr + k_next, mask=k_next < K, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
 
     if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        y += bias[None, :]
     if SWIGLU:  # epilogue: silu(gate) * up, each rounded as the unfused matmul writes it
         up = tl.sum(acc_up, axis=2)
         if HAS_BIAS:
-            up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            up += bias_up[None, :]
         gate = y.to(dtype).to(tl.float32)
         y = gate * tl.sigmoid(gate) * up.to(dtype).to(tl.float32)
-    out_mask = m_mask[:, None] & n_mask[None, :]
     if ADD_RESIDUAL:  # epilogue: the residual stream += this layer's output, in place
-        r_ptrs = res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :]
-        y = y.to(dtype).to(tl.float32) + tl.load(r_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+        y = y.to(dtype).to(tl.float32) + residual
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=out_mask)
 
 
@@ -242,10 +255,12 @@ def _qk_norm_rope_store_kernel(
     HAS_QK_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
     dtype = qkv_ptr.dtype.element_ty
+    if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # a query head, or (from NUM_QO_HEADS on) a KV head
     half = tl.arange(0, HEAD_DIM // 2)
-    # what the previous kernel does not write: this token's angles, the norm's weights
+    # what the previous kernel does not write: this token's angles, the norm's weights, its slot
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
@@ -254,9 +269,9 @@ def _qk_norm_rope_store_kernel(
         w1 = tl.where(is_q, tl.load(q_norm_ptr + half), tl.load(k_norm_ptr + half)).to(tl.float32)
         w2 = tl.where(is_q, tl.load(q_norm_ptr + HEAD_DIM // 2 + half),
                       tl.load(k_norm_ptr + HEAD_DIM // 2 + half)).to(tl.float32)
+    slot = tl.load(loc_ptr + token).to(tl.int64)  # where this token's K/V go
     if PDL:
         tl.extra.cuda.gdc_wait()  # qkv, written by the GEMV before, is visible
-        tl.extra.cuda.gdc_launch_dependents()
     src = qkv_ptr + token * stride_qkv + head * HEAD_DIM  # k heads follow the q heads
     x1 = tl.load(src + half).to(tl.float32)
     x2 = tl.load(src + HEAD_DIM // 2 + half).to(tl.float32)
@@ -273,7 +288,6 @@ def _qk_norm_rope_store_kernel(
         tl.store(q_dst + HEAD_DIM // 2 + half, y2)
     else:  # store K, and the V head of the same index, into this token's slot
         kv_head = head - NUM_QO_HEADS
-        slot = tl.load(loc_ptr + token).to(tl.int64)
         kv_off = slot * stride_slot + kv_head * HEAD_DIM
         tl.store(k_slots_ptr + kv_off + half, y1)
         tl.store(k_slots_ptr + kv_off + HEAD_DIM // 2 + half, y2)
