@@ -106,6 +106,21 @@ def test_a_backend_that_always_stores_keeps_the_unfused_path(qwen3_path, monkeyp
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+@pytest.mark.parametrize("m", [1, 2])
+def test_every_qwen3_gemv_reads_its_whole_row_before_the_pdl_wait(m):
+    """The tile rule measured on the H200: one tile covers all of K (the loads before
+    ``gdc_wait``), without more accumulators per thread than the registers hold."""
+    from minisgl.kernel import triton_fused as tf
+
+    for n, k, swiglu in ((4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False)):
+        cfg = tf.fused_gemv_config(m, n, k, swiglu)
+        per_thread = cfg.block_m * cfg.block_n * cfg.block_k * (2 if swiglu else 1) // (32 * cfg.num_warps)
+        assert cfg.block_k >= k and cfg.block_m >= m and per_thread <= tf.MAX_ACC_PER_THREAD, (n, k, cfg)
+    wide = tf.fused_gemv_config(m, 1024, 14336)  # K past MAX_BLOCK_K: several tiles, still in budget
+    assert wide.block_k == tf.MAX_BLOCK_K
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_kernels_refuse_bad_input_before_launching():
     """Checked on the host, so a wrong call is a ValueError, never an out-of-bounds kernel."""
     from minisgl.kernel import triton_decode, triton_fused as tf
@@ -136,6 +151,14 @@ def test_the_kernels_refuse_bad_input_before_launching():
                 dict(q=q.bfloat16()), dict(num_splits=0), dict(page_size=0), dict(max_seq_len=0),
                 dict(k_slots=slots[:, 0], v_slots=slots[:, 0])):
         refused(triton_decode.decode_attention, **{**good, **bad})
+    good = dict(qkv=qkv, positions=torch.tensor([0, 1]), cos_sin_cache=torch.zeros(8, 16), q_norm=None, k_norm=None,
+                eps=1e-6, k_slots=slots, v_slots=slots.clone(), out_loc=torch.tensor([3, 4]), kv_indptr=index[0],
+                kv_page_ids=index[1], kv_last_page_len=index[2], page_size=1, sm_scale=0.25, max_seq_len=8,
+                num_qo_heads=4)
+    for bad in (dict(num_qo_heads=3), dict(qkv=qkv[:, :-16]), dict(out_loc=torch.tensor([3])),
+                dict(q_norm=torch.ones(8), k_norm=torch.ones(8)), dict(cos_sin_cache=torch.zeros(8, 16).double()),
+                dict(kv_last_page_len=index[2][:1])):
+        refused(triton_decode.decode_attention_qkv, **{**good, **bad})
 
 
 def test_the_references_are_the_unfused_ops():
@@ -228,14 +251,21 @@ print("model ok")
 
 DECODE_SCRIPT = """
 import torch
-from test_ch19_fused import paged_decode_case
-from minisgl.kernel.triton_decode import decode_attention
+from test_ch19_fused import paged_decode_case, qkv_decode_case
+from minisgl.kernel.triton_decode import decode_attention, decode_attention_qkv
 for page, lens, hq, hkv in ((1, [37, 100], 4, 2), (4, [5], 8, 2), (16, [130, 1], 2, 2)):
     # 4 splits: 5 tokens leave three chunks empty; 130 tokens span several pages per chunk
     q, k_slots, v_slots, index, want = paged_decode_case(page, lens, hq, hkv, 16, torch.float32, "cpu")
     got = decode_attention(q, k_slots, v_slots, *index, page, 16 ** -0.5, max_seq_len=200, num_splits=4)
     err = float((got - want).abs().max())
     assert err < 1e-5, (page, lens, err)
+    for norm in (False, True) if page == 1 else (True,):  # from qkv: norms, RoPE and the store in the kernel
+        args, (q_ref, k_ref, v_ref) = qkv_decode_case(page, lens, hq, hkv, 16, norm, k_slots, v_slots, index)
+        want = decode_attention(q_ref, k_ref, v_ref, *index, page, 16 ** -0.5, max_seq_len=200, num_splits=4)
+        got = decode_attention_qkv(*args, *index, page, 16 ** -0.5, 200, hq, num_splits=4)
+        err = float((got - want).abs().max())
+        assert err < 1e-5, (page, lens, norm, err)
+        assert torch.allclose(args[6], k_ref, atol=1e-6) and torch.equal(args[7], v_ref), "the stored K/V"
 print("decode ok")
 """
 
@@ -262,6 +292,28 @@ def paged_decode_case(page: int, lens, hq: int, hkv: int, dim: int, dtype, devic
     index = [torch.tensor(x, dtype=torch.int32, device=device) for x in (indptr, page_ids, last)]
     to = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
     return to(q), to(k_slots), to(v_slots), index, torch.stack(want).to(device)
+
+
+def qkv_decode_case(page: int, lens, hq: int, hkv: int, dim: int, norm: bool, k_slots, v_slots, index):
+    """Random ``qkv`` rows for the last token of each request of ``paged_decode_case`` (its
+    slot in the index): ``decode_attention_qkv``'s arguments up to the index (on copies of
+    the pool), and the reference: ``torch_ops.qk_norm_rope_store``'s queries and pool."""
+    from minisgl.layers.rotary import _cos_sin_cache
+
+    gen = torch.Generator().manual_seed(len(lens) + page)
+    dev, dtype = k_slots.device, k_slots.dtype
+    qkv = torch.randn(len(lens), (hq + 2 * hkv) * dim, generator=gen).to(dev, dtype)
+    norms = tuple((1 + 0.1 * torch.randn(dim, generator=gen)).to(dev, dtype) for _ in range(2)) if norm else (None, None)
+    cos_sin = _cos_sin_cache(dim, 2048, 1e4, None, torch.device(dev))
+    indptr, page_ids, _ = (t.tolist() for t in index)
+    pos = torch.tensor([n - 1 for n in lens], device=dev, dtype=torch.int32)
+    loc = torch.tensor([page_ids[indptr[b] + (n - 1) // page] * page + (n - 1) % page for b, n in enumerate(lens)],
+                       device=dev, dtype=torch.int32)
+    k_ref, v_ref = k_slots.float().clone(), v_slots.float().clone()
+    q_ref = torch_ops.qk_norm_rope_store(qkv.float(), pos, cos_sin, *(n.float() if norm else None for n in norms),
+                                         1e-6, k_ref, v_ref, loc.long(), hq, hkv, dim)
+    args = (qkv, pos, cos_sin, *norms, 1e-6, k_slots.clone(), v_slots.clone(), loc)
+    return args, (q_ref.to(dtype).contiguous(), k_ref.to(dtype), v_ref.to(dtype))
 
 
 def _interpret(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -337,14 +389,23 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
 @pytest.mark.parametrize("page", [1, 16])
 def test_split_kv_decode_attention_at_qwen3_shapes(page):
     """bf16 q, K, V; float32 softmax over them as the reference. Contexts of 1,000 tokens
-    (every chunk used, the last one partly) and 37 (most of the 16 chunks empty)."""
-    from minisgl.kernel.triton_decode import decode_attention
+    (every chunk used, the last one partly) and 37 (most of the 16 chunks empty). From qkv,
+    the reference is the same kernel on torch_ops' rotated queries and stored K/V."""
+    from minisgl.kernel.triton_decode import decode_attention, decode_attention_qkv
 
     for lens in ([1000], [1000, 37]):
         q, k, v, index, want = paged_decode_case(page, lens, 16, 8, 128, torch.bfloat16, "cuda")
         got = decode_attention(q, k, v, *index, page, 128**-0.5, max_seq_len=1024)
         rel = float((got.float() - want).abs().max() / want.abs().max())
         assert got.dtype == torch.bfloat16 and rel < 2**-6, f"page {page}, contexts {lens}: {rel:.2e}"
+        # from qkv: against torch_ops' norms, RoPE and store (float32), then the same kernel
+        args, (q_ref, k_ref, v_ref) = qkv_decode_case(page, lens, 16, 8, 128, True, k, v, index)
+        want = decode_attention(q_ref, k_ref, v_ref, *index, page, 128**-0.5, max_seq_len=1024).float()
+        got = decode_attention_qkv(*args, *index, page, 128**-0.5, 1024, 16)
+        rel = float((got.float() - want).abs().max() / want.abs().max())
+        assert rel < 2**-6, f"from qkv, page {page}, contexts {lens}: {rel:.2e}"
+        for got, want in zip(args[6:8], (k_ref, v_ref)):
+            assert float((got.float() - want.float()).abs().max()) <= 2**-6 * float(want.float().abs().max())
 
 
 def _gpu_engine(page_size: int, graphs: int = 0):
@@ -371,10 +432,11 @@ def test_the_engine_on_the_fused_path_gives_the_unfused_logits(page_size, n_prom
     monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", True)
     tokens, plain = _logits(engine, path, n_prompts)
     monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", False)
-    calls = _count_calls(monkeypatch, triton_fused, "qk_norm_rope_store")
-    attention_calls = _count_calls(monkeypatch, triton_decode, "decode_attention")
+    qk_calls = _count_calls(monkeypatch, triton_fused, "qk_norm_rope_store")
+    attention_calls = _count_calls(monkeypatch, triton_decode, "decode_attention_qkv")
     _, fused = _logits(engine, path, n_prompts, forced=tokens)
-    assert len(calls) == len(attention_calls) == (STEPS - 1) * len(engine.model.model.layers)
+    # the split-KV kernel does the q/k norms, RoPE and the store: no separate kernel for them
+    assert len(attention_calls) == (STEPS - 1) * len(engine.model.model.layers) and not qk_calls
     for step, (a, b) in enumerate(zip(fused, plain)):
         diff, scale = float((a - b).abs().max()), float(b.max() - b.min())
         assert diff <= 0.02 * scale, f"step {step}: max |fused - unfused| {diff:.3f} > 2% of {scale:.2f}"

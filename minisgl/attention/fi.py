@@ -24,8 +24,9 @@ get one decode wrapper per captured batch size, planned into fixed buffers.
 A decode batch of one or two requests (``SMALL_DECODE_MAX_BS``), in an engine whose requests
 are at most ``SMALL_DECODE_MAX_SEQ_LEN`` tokens long, skips FlashInfer's kernel: chapter 19's
 split-KV kernel (``kernel.triton_decode``) reads the same paged index from the device and
-spreads a single request's context over the whole GPU (``MINISGL_DISABLE_FUSED_DECODE=1``
-turns it off with the rest of chapter 19's batch-1 path).
+spreads a single request's context over the whole GPU; on the fused decode path
+(``forward_qkv``) the same kernel also does the q/k norms, RoPE and the KV store
+(``MINISGL_DISABLE_FUSED_DECODE=1`` turns it off with the rest of chapter 19's batch-1 path).
 
 Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
 only; this one takes any ``P``).
@@ -41,7 +42,7 @@ import torch
 
 from minisgl.utils import div_ceil
 
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import BaseAttnBackend, BaseAttnMetadata, QKNormRope
 
 if TYPE_CHECKING:
     from minisgl.core import Batch, Req
@@ -200,6 +201,21 @@ class FlashInferBackend(BaseAttnBackend):
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
+
+    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+        meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
+        if meta.small_decode is None:
+            return super().forward_qkv(qkv, qk, layer_id, batch)
+        from minisgl.core import get_global_ctx
+        from minisgl.kernel.triton_decode import decode_attention_qkv
+
+        # the split-KV kernel does the q/k norms, RoPE and the KV store too
+        return decode_attention_qkv(
+            qkv, batch.positions, qk.cos_sin_cache, qk.q_norm, qk.k_norm, qk.eps,
+            self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), batch.out_loc, *meta.small_decode,
+            page_size=self.page_size, sm_scale=self.head_dim**-0.5,
+            max_seq_len=get_global_ctx().page_table.shape[1], num_qo_heads=qk.num_qo_heads,
+        )
 
     def _forward_small_decode(
         self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,

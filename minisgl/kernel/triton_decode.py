@@ -6,10 +6,16 @@ megabytes of KV reads over 132 SMs, so the context is also split into ``num_spli
 chunks: a program per (request, KV head, chunk) computes the attention of the head's
 ``G = H_q / H_kv`` query heads over its chunk, with the chunk's own softmax, and writes
 an unnormalised partial result and its log-sum-exp; a second kernel weighs the partials
-by ``exp(lse - max lse)`` and sums them. In a decode step every token but the last was
-stored by an earlier step, so a program reads its first K/V tile before its PDL wait, while
-the kernel before (which stores the last token) still runs, and adds the last token after. Both steps are exact: the result equals one
-softmax over the whole context, up to the order of sums.
+by ``exp(lse - max lse)`` and sums them. Both steps are exact: the result equals one
+softmax over the whole context, up to the order of sums. In a decode step every token but
+the last was stored by an earlier step, so a program reads its first K/V tile before its
+PDL wait, while the kernel before (which stores the last token) still runs, and adds the
+last token after.
+
+``decode_attention_qkv`` is the fused decode path's version: it starts from the qkv GEMV's
+raw output, and each program also does Qwen3's q/k norms and RoPE for its own heads; the
+one whose chunk holds this step's token stores its K/V and scores it from registers. That
+removes ``qk_norm_rope_store``'s kernel from every layer.
 
 The KV lives in the paged pool as FlashInfer indexes it (chapter 17): request ``b``'s pages
 are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]``, its last page holds
@@ -18,12 +24,15 @@ are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]``, its last page holds
 replays in a CUDA graph with new lengths. The scores use ``tl.dot`` (tensor cores) with the
 query heads of a group padded to 16 rows.
 
-Reference: ``torch_ops``-style attention in ``attention/torch_backend.py``; the CPU tests
+Reference: ``torch_ops``-style attention in ``attention/torch_backend.py`` (after
+``torch_ops.qk_norm_rope_store`` for the qkv version); the CPU tests
 run this kernel under ``TRITON_INTERPRET=1``. Upstream mini-sglang uses FlashInfer's
 decode kernel at every batch size; this module is the book's own.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -55,11 +64,32 @@ def _load_kv(k_ptr, v_ptr, rows, mask, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _norm_rope(heads, mask, w, w_partner, cos, sin, eps, HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Qwen3's per-head RMSNorm (weights ``w``) and RoPE, neox layout, on the rows that
+    ``heads: [R]`` point to; returns ``[R, D]`` in their dtype. Rounds where
+    ``triton_fused.qk_norm_rope_store`` does. A row's partner element ``(d + D/2) % D``
+    is loaded as a second tile, so the rotation is elementwise."""
+    dtype = heads.dtype.element_ty
+    offs_d = tl.arange(0, HEAD_DIM)
+    partner = (offs_d + HEAD_DIM // 2) % HEAD_DIM
+    x = tl.load(heads[:, None] + offs_d[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    x_p = tl.load(heads[:, None] + partner[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    if HAS_NORM:
+        inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
+        x = ((x * inv_rms).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
+        x_p = ((x_p * inv_rms).to(dtype).to(tl.float32) * w_partner[None, :]).to(dtype).to(tl.float32)
+    sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)  # first half: x1 cos - x2 sin; second: x2 cos + x1 sin
+    return (x * cos[None, :] + sign[None, :] * x_p * sin[None, :]).to(dtype)
+
+
+@triton.jit
 def _decode_partial_kernel(
     q_ptr, k_ptr, v_ptr, indptr_ptr, page_ids_ptr, last_len_ptr, part_o_ptr, part_lse_ptr,
-    sm_scale, stride_slot, num_splits,
+    pos_ptr, loc_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
+    sm_scale, stride_slot, num_splits, stride_q, eps,
     MAX_ITERS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr, HAS_QK_NORM: tl.constexpr,
 ):
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
         tl.extra.cuda.gdc_launch_dependents()
@@ -86,13 +116,37 @@ def _decode_partial_kernel(
     last = seq_len - 1 + 0 * offs_g
     last_rows, has_last = _kv_rows(page_ids_ptr, first_page, last, end, kv_head, stride_slot, PAGE, HEAD_DIM)
     has_last = has_last & (last >= start)  # only the chunk that holds it
+    if FROM_QKV:  # this token's angles, the norms' weights and its slot: not the GEMV's either
+        half = offs_d % (HEAD_DIM // 2)
+        partner = (offs_d + HEAD_DIM // 2) % HEAD_DIM
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
+        sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
+        qw, qw_p, kw, kw_p = cos, cos, cos, cos  # unused without the norms
+        if HAS_QK_NORM:
+            qw = tl.load(q_norm_ptr + offs_d).to(tl.float32)
+            qw_p = tl.load(q_norm_ptr + partner).to(tl.float32)
+            kw = tl.load(k_norm_ptr + offs_d).to(tl.float32)
+            kw_p = tl.load(k_norm_ptr + partner).to(tl.float32)
+        slot = tl.load(loc_ptr + b).to(tl.int64)
     if PDL:
         tl.extra.cuda.gdc_wait()
     g_mask = offs_g < GROUP
     q_head = kv_head * GROUP + offs_g  # this KV head's query heads
-    q_ptrs = q_ptr + (b * NUM_KV_HEADS * GROUP + q_head)[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
-    k_last, v_last = _load_kv(k_ptr, v_ptr, last_rows, has_last, HEAD_DIM)
+    if FROM_QKV:  # q from the GEMV's output; this token's K and V too, stored by their chunk
+        qkv_row = q_ptr + b.to(tl.int64) * stride_q
+        q = _norm_rope(qkv_row + q_head * HEAD_DIM, g_mask, qw, qw_p, cos, sin, eps, HAS_QK_NORM, HEAD_DIM)
+        k_src = qkv_row + (NUM_KV_HEADS * GROUP + kv_head) * HEAD_DIM + 0 * offs_g
+        k_last = _norm_rope(k_src, offs_g < BLOCK_G, kw, kw_p, cos, sin, eps, HAS_QK_NORM, HEAD_DIM)
+        v_last = tl.load(k_src[:, None] + NUM_KV_HEADS * HEAD_DIM + offs_d[None, :])
+        dst = slot * stride_slot + kv_head * HEAD_DIM + 0 * offs_g[:, None] + offs_d[None, :]
+        first_row = (offs_g == 0)[:, None] & has_last[:, None]
+        tl.store(k_ptr + dst, k_last, mask=first_row)
+        tl.store(v_ptr + dst, v_last, mask=first_row)
+    else:
+        q_ptrs = q_ptr + (b * NUM_KV_HEADS * GROUP + q_head)[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=g_mask[:, None], other=0.0)
+        k_last, v_last = _load_kv(k_ptr, v_ptr, last_rows, has_last, HEAD_DIM)
 
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
@@ -154,6 +208,59 @@ def _decode_merge_kernel(
     tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
+def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtype) -> None:
+    if k_slots.dim() != 3 or v_slots.shape != k_slots.shape:
+        raise ValueError(f"the slots must be [num_slots, H_kv, D], got {tuple(k_slots.shape)} and {tuple(v_slots.shape)}")
+    if not dtype == k_slots.dtype == v_slots.dtype:
+        raise ValueError(f"q, k_slots and v_slots must share a dtype, got {dtype}, {k_slots.dtype}, {v_slots.dtype}")
+    head_dim = k_slots.shape[2]
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
+    if not (k_slots.is_contiguous() and v_slots.is_contiguous()):
+        raise ValueError("the KV slots must be contiguous")
+
+
+def _check_index(bs: int, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int,
+                 max_seq_len: int, num_splits: int) -> None:
+    if kv_indptr.shape != (bs + 1,) or kv_last_page_len.shape != (bs,):
+        raise ValueError(f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
+                         f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}")
+    if page_size < 1 or max_seq_len < 1 or num_splits < 1:
+        raise ValueError(f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}")
+
+
+def _launch(
+    q_or_qkv: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, index: tuple, out: torch.Tensor,
+    page_size: int, sm_scale: float, max_seq_len: int, num_splits: int, qkv_args: Optional[tuple] = None,
+) -> torch.Tensor:
+    """Both kernels; ``qkv_args = (positions, out_loc, cos_sin_cache, q_norm, k_norm, eps)``
+    when ``q_or_qkv`` is the qkv GEMV's output."""
+    bs, num_qo_heads, head_dim = out.shape
+    num_kv_heads = k_slots.shape[1]
+    if bs == 0:
+        return out
+    part_o = torch.empty((bs, num_qo_heads, num_splits, head_dim), dtype=torch.float32, device=out.device)
+    part_lse = torch.empty((bs, num_qo_heads, num_splits), dtype=torch.float32, device=out.device)
+    pdl = use_pdl(out)
+    positions, out_loc, cos_sin, q_norm, k_norm, eps = qkv_args or (out, out, out, None, None, 0.0)
+    has_norm = q_norm is not None and k_norm is not None
+    group = num_qo_heads // num_kv_heads
+    _decode_partial_kernel[(bs, num_kv_heads, num_splits)](
+        q_or_qkv, k_slots, v_slots, *index, part_o, part_lse, positions, out_loc, cos_sin,
+        q_norm if has_norm else out, k_norm if has_norm else out,
+        sm_scale, k_slots.stride(0), num_splits, q_or_qkv.stride(0), eps,
+        MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T), GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, NUM_KV_HEADS=num_kv_heads,
+        PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, FROM_QKV=qkv_args is not None, HAS_QK_NORM=has_norm,
+        num_warps=NUM_WARPS, **launch_options(pdl),
+    )
+    _decode_merge_kernel[(bs * num_qo_heads,)](
+        part_o, part_lse, out, num_splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
+        PDL=pdl, **launch_options(pdl),
+    )
+    return out
+
+
 def decode_attention(
     q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, kv_indptr: torch.Tensor,
     kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int, sm_scale: float,
@@ -175,40 +282,54 @@ def decode_attention(
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
     """
-    if q.dim() != 3 or k_slots.dim() != 3 or v_slots.shape != k_slots.shape:
-        raise ValueError(f"q must be [B, H_q, D] and the slots [num_slots, H_kv, D], got {tuple(q.shape)}, "
-                         f"{tuple(k_slots.shape)} and {tuple(v_slots.shape)}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H_q, D], got {tuple(q.shape)}")
+    _check_slots(k_slots, v_slots, q.dtype)
     bs, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
-    if k_slots.shape[2] != head_dim or num_kv_heads < 1 or num_qo_heads % num_kv_heads or not q.is_contiguous():
+    if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
         raise ValueError(f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree")
-    if not q.dtype == k_slots.dtype == v_slots.dtype:
-        raise ValueError(f"q, k_slots and v_slots must share a dtype, got {q.dtype}, {k_slots.dtype}, {v_slots.dtype}")
-    if kv_indptr.shape != (bs + 1,) or kv_last_page_len.shape != (bs,):
-        raise ValueError(f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
-                         f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}")
-    if page_size < 1 or max_seq_len < 1 or num_splits < 1:
-        raise ValueError(f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}")
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
-    if not (k_slots.is_contiguous() and v_slots.is_contiguous()):
-        raise ValueError("the KV slots must be contiguous")
-    group = num_qo_heads // num_kv_heads
-    part_o = torch.empty((bs, num_qo_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((bs, num_qo_heads, num_splits), dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    if bs == 0:
-        return out
-    pdl = use_pdl(q)
-    _decode_partial_kernel[(bs, num_kv_heads, num_splits)](
-        q, k_slots, v_slots, kv_indptr, kv_page_ids, kv_last_page_len, part_o, part_lse,
-        sm_scale, k_slots.stride(0), num_splits,
-        MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T), GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        NUM_KV_HEADS=num_kv_heads, PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, num_warps=NUM_WARPS,
-        **launch_options(pdl),
-    )
-    _decode_merge_kernel[(bs * num_qo_heads,)](
-        part_o, part_lse, out, num_splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
-        PDL=pdl, **launch_options(pdl),
-    )
-    return out
+    _check_index(bs, kv_indptr, kv_last_page_len, page_size, max_seq_len, num_splits)
+    return _launch(q, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), torch.empty_like(q),
+                   page_size, sm_scale, max_seq_len, num_splits)
+
+
+def decode_attention_qkv(
+    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor], eps: float, k_slots: torch.Tensor, v_slots: torch.Tensor,
+    out_loc: torch.Tensor, kv_indptr: torch.Tensor, kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor,
+    page_size: int, sm_scale: float, max_seq_len: int, num_qo_heads: int, num_splits: int = NUM_SPLITS,
+) -> torch.Tensor:
+    """``qk_norm_rope_store`` and ``decode_attention`` in two kernels instead of three,
+    straight from the qkv GEMV's output (the fused decode path's attention).
+
+    ``qkv: [B, (H_q + 2 H_kv) D]`` with contiguous rows, one token per request, at
+    ``positions: [B]``; its K and V go to slots ``out_loc: [B]`` of the pool, whose index
+    (``kv_indptr``...) already counts them. Norms, ``cos_sin_cache`` and ``eps`` as in
+    ``triton_fused.qk_norm_rope_store``; the rest as in ``decode_attention``. Every program
+    normalises and rotates its own query heads and this token's K (a few hundred bytes);
+    the one whose chunk holds the token stores its K/V and scores it from registers.
+    Returns ``[B, H_q, D]``.
+
+    Raises:
+        ValueError: on shapes, dtypes or sizes that disagree.
+    """
+    _check_slots(k_slots, v_slots, qkv.dtype)
+    bs = qkv.shape[0]
+    num_kv_heads, head_dim = k_slots.shape[1:]
+    width = (num_qo_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
+        raise ValueError(f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
+                         f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}")
+    if positions.shape != (bs,) or out_loc.shape != (bs,):
+        raise ValueError(f"positions and out_loc must be [{bs}], got {tuple(positions.shape)} and {tuple(out_loc.shape)}")
+    if q_norm is not None and k_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
+        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim or not cos_sin_cache.is_contiguous():
+        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}]")
+    _check_index(bs, kv_indptr, kv_last_page_len, page_size, max_seq_len, num_splits)
+    out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    norms = (q_norm.to(qkv.dtype), k_norm.to(qkv.dtype)) if q_norm is not None and k_norm is not None else (None, None)
+    return _launch(qkv, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), out, page_size, sm_scale,
+                   max_seq_len, num_splits, qkv_args=(positions.contiguous(), out_loc.contiguous(), cos_sin_cache,
+                                                      *norms, eps))

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.attention.base import QKNormRope
 from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
-from minisgl.kernel import qk_norm_rope_store
 from minisgl.utils import div_even
 
 from .base import StateLessOP
@@ -67,17 +67,15 @@ class AttentionLayer(StateLessOP):
         return o.reshape(-1, self.num_qo_heads * self.head_dim)
 
     def forward_fused(self, qkv: torch.Tensor) -> torch.Tensor:
-        """``forward`` with the q/k norms, RoPE and the KV store in one kernel (chapter 19's
-        fused decode path); the backend is then asked only to attend (``k = v = None``)."""
+        """``forward`` on chapter 19's fused decode path: the backend gets the raw ``qkv``
+        and what remains to do to q and k (``QKNormRope``), and does the q/k norms, RoPE,
+        the KV store and the attention in one or two kernels (``forward_qkv``)."""
         ctx = get_global_ctx()
-        pool = ctx.kv_cache
         has_norm = self._q_norm is not None and self._k_norm is not None
-        q = qk_norm_rope_store(
-            qkv, ctx.batch.positions, self.rotary.cos_sin_cache(qkv.device),
+        qk = QKNormRope(
+            self.rotary.cos_sin_cache(qkv.device),
             self._q_norm.weight if has_norm else None, self._k_norm.weight if has_norm else None,
-            self._q_norm.eps if has_norm else 0.0,
-            pool.k_slots(self.layer_id), pool.v_slots(self.layer_id), ctx.batch.out_loc,
-            self.num_qo_heads, self.num_kv_heads, self.head_dim,
+            self._q_norm.eps if has_norm else 0.0, self.num_qo_heads, self.num_kv_heads, self.head_dim,
         )
-        o = ctx.attn_backend.forward(q, None, None, self.layer_id, ctx.batch)
+        o = ctx.attn_backend.forward_qkv(qkv, qk, self.layer_id, ctx.batch)
         return o.reshape(-1, self.num_qo_heads * self.head_dim)

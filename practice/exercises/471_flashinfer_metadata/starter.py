@@ -35,7 +35,7 @@ import torch
 
 from minisgl.utils import div_ceil
 
-from .base import BaseAttnBackend, BaseAttnMetadata
+from .base import BaseAttnBackend, BaseAttnMetadata, QKNormRope
 
 if TYPE_CHECKING:
     from minisgl.core import Batch, Req
@@ -144,6 +144,10 @@ class FlashInferBackend(BaseAttnBackend):
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
+
+    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+        # no split-KV path here (see FIMetadata): the base class's q/k kernel, then forward
+        return super().forward_qkv(qkv, qk, layer_id, batch)
 
     def _plan(self, meta: FIMetadata) -> None:
         import flashinfer
