@@ -6,7 +6,7 @@ q-norm, k-norm, RoPE, KV store, attention, o GEMV, residual add and norm, gate/u
 SwiGLU, down GEMV...). Most of them touch a few kilobytes, yet each costs a few
 microseconds however little it does: the launch, one round trip to memory, the tail. The
 step's time is then the number of kernels, not the bytes. Four fusions bring a layer down
-to five kernels and the attention:
+to four GEMV kernels and the attention:
 
 * ``norm_gemv``: the RMSNorm before a linear layer becomes the GEMV's *prologue*: every
   program reads the whole input row (a few KB, from cache), computes its mean square, and
@@ -18,13 +18,16 @@ to five kernels and the attention:
   each program adds its outputs into the residual stream in place. With the add there and
   the norm in the next GEMV's prologue, the separate add-and-norm kernel disappears;
 * ``qk_norm_rope_store``: one kernel does Qwen3's per-head q/k norm, RoPE, and the store of
-  this step's K and V into the pool at ``out_loc``, writing only the rotated queries.
+  this step's K and V into the pool at ``out_loc``, writing only the rotated queries (for
+  one or two requests on FlashInfer, ``triton_decode.decode_attention_qkv`` does this
+  inside the attention kernel instead).
 
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
-so enough bytes are kept in flight by giving each program long rows instead: four of them
-(one per warp), ``BLOCK_K`` up to 2,048. Every kernel here is launched with programmatic
-dependent launch (``pdl``): it reads its first weight tile before waiting for the kernel
-before it, so weights stream in while that kernel finishes.
+so enough bytes are kept in flight by giving each program long rows instead: four of them,
+each whole in one tile (``BLOCK_K`` up to 4,096). Every kernel here is launched with
+programmatic dependent launch (``pdl``) and lets the next one be scheduled first thing: it
+reads its weights (all of them, when the row fits one tile) before waiting for the kernel
+before it, so weights stream in while the kernels before finish.
 
 Every intermediate that the unfused path would write to memory is rounded to the input
 dtype at the same point here (the normalised row, the gate and up outputs, the linear

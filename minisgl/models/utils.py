@@ -76,8 +76,9 @@ class RopeAttn(BaseOP):
 
     def forward_fused(self, residual: torch.Tensor, norm: RMSNorm) -> None:
         """Fused decode path (chapter 19): ``residual += attn(norm(residual))`` in place: norm
-        and qkv in one kernel, q/k norms, RoPE and the KV store in a second, the attention,
-        then o_proj and the residual add in a fourth."""
+        and qkv in one kernel; q/k norms, RoPE, the KV store and the attention in the backend's
+        ``forward_qkv`` (FlashInfer's, for one or two requests: the split-KV kernel and its
+        merge); then o_proj and the residual add in one."""
         qkv = norm_linear(residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias)
         linear_add_residual_(self.attn.forward_fused(qkv), self.o_proj.weight, residual, self.o_proj.bias)
 
