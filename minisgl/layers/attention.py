@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.attention.base import QKNormRope
 from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
 from minisgl.utils import div_even
@@ -70,6 +69,8 @@ class AttentionLayer(StateLessOP):
         """``forward`` on chapter 19's fused decode path: the backend gets the raw ``qkv``
         and what remains to do to q and k (``QKNormRope``), and does the q/k norms, RoPE,
         the KV store and the attention in one or two kernels (``forward_qkv``)."""
+        from minisgl.attention.base import QKNormRope  # chapter 5's package, after this one's
+
         ctx = get_global_ctx()
         has_norm = self._q_norm is not None and self._k_norm is not None
         qk = QKNormRope(
