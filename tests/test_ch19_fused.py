@@ -141,7 +141,8 @@ def test_the_kernels_refuse_bad_input_before_launching():
                 num_qo_heads=4, num_kv_heads=2, head_dim=16)
     for bad in (dict(v_slots=torch.zeros(3, 2, 16)), dict(out_loc=torch.tensor([3])),
                 dict(positions=torch.tensor([0])), dict(q_norm=torch.ones(8), k_norm=torch.ones(8)),
-                dict(cos_sin_cache=torch.zeros(16, 8).t()), dict(head_dim=12)):
+                dict(cos_sin_cache=torch.zeros(16, 8).t()), dict(head_dim=12), dict(q_norm=torch.ones(16)),
+                dict(cos_sin_cache=torch.zeros(16)), dict(positions=torch.tensor([0.0, 1.0]))):
         refused(tf.qk_norm_rope_store, **{**good, **bad})
     q, index = torch.randn(2, 4, 16), [torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
                                        torch.tensor([1, 1], dtype=torch.int32)]
@@ -155,9 +156,12 @@ def test_the_kernels_refuse_bad_input_before_launching():
                 eps=1e-6, k_slots=slots, v_slots=slots.clone(), out_loc=torch.tensor([3, 4]), kv_indptr=index[0],
                 kv_page_ids=index[1], kv_last_page_len=index[2], page_size=1, sm_scale=0.25, max_seq_len=8,
                 num_qo_heads=4)
+    strided = torch.tensor([0, 9, 1, 9, 2, 9], dtype=torch.int32)[::2]  # kv_indptr's values, every other element
     for bad in (dict(num_qo_heads=3), dict(qkv=qkv[:, :-16]), dict(out_loc=torch.tensor([3])),
                 dict(q_norm=torch.ones(8), k_norm=torch.ones(8)), dict(cos_sin_cache=torch.zeros(8, 16).double()),
-                dict(kv_last_page_len=index[2][:1])):
+                dict(kv_last_page_len=index[2][:1]), dict(kv_indptr=strided), dict(kv_page_ids=index[1].float()),
+                dict(q_norm=torch.ones(16)), dict(cos_sin_cache=torch.zeros(16)), dict(out_loc=torch.tensor([3.0, 4.0])),
+                dict(qkv=qkv.int(), k_slots=slots.int(), v_slots=slots.int())):
         refused(triton_decode.decode_attention_qkv, **{**good, **bad})
 
 
@@ -245,6 +249,31 @@ assert sorted(set(calls)) == ["gemv_add_residual_", "norm_gemv", "qk_norm_rope_s
 assert len(calls) == 5 * layers * 3, len(calls)  # five kernels a layer, three decode steps
 for step, (a, b) in enumerate(zip(fused, plain)):
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m: f"step {step}: {m}")
+
+# FlashInferBackend.forward_qkv's call (FlashInfer itself needs CUDA) on a torch backend: the split-KV
+# kernel from qkv, with the batch's own positions, slots, cos/sin table, norms and paged index
+from minisgl.attention.fi import paged_kv_index
+from minisgl.attention.torch_backend import TorchAttnBackend
+from minisgl.core import get_global_ctx
+from minisgl.kernel.triton_decode import decode_attention_qkv
+
+class SplitKV(TorchAttnBackend):
+    def forward_qkv(self, qkv, qk, layer_id, batch):
+        ctx = get_global_ctx()
+        index = paged_kv_index(ctx.page_table, batch.padded_reqs, ctx.page_size)
+        calls.append("decode_attention_qkv")
+        return decode_attention_qkv(qkv, batch.positions, qk.cos_sin_cache, qk.q_norm, qk.k_norm, qk.eps,
+                                    ctx.kv_cache.k_slots(layer_id), ctx.kv_cache.v_slots(layer_id), batch.out_loc,
+                                    index.kv_indptr, index.kv_page_ids, index.kv_last_page_len, ctx.page_size,
+                                    qk.head_dim ** -0.5, ctx.page_table.shape[1], qk.num_qo_heads, num_splits=4)
+
+cfg = engine.config.model_config
+engine.attn_backend = engine.ctx.attn_backend = SplitKV(cfg.num_qo_heads, cfg.num_kv_heads, cfg.head_dim)
+calls.clear()
+_, split = _logits(engine, path, 2, forced=tokens)
+assert calls.count("decode_attention_qkv") == layers * 3 and "qk_norm_rope_store" not in calls, calls
+for step, (a, b) in enumerate(zip(split, plain)):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m: f"split-KV, step {step}: {m}")
 print("model ok")
 """
 
@@ -389,8 +418,9 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
 @pytest.mark.parametrize("page", [1, 16])
 def test_split_kv_decode_attention_at_qwen3_shapes(page):
     """bf16 q, K, V; float32 softmax over them as the reference. Contexts of 1,000 tokens
-    (every chunk used, the last one partly) and 37 (most of the 16 chunks empty). From qkv,
-    the reference is the same kernel on torch_ops' rotated queries and stored K/V."""
+    (16 of the 32 chunks of 64 tokens used, the last one partly) and 37 (one chunk, 31
+    empty). From qkv, the reference is the same kernel on torch_ops' rotated queries and
+    stored K/V."""
     from minisgl.kernel.triton_decode import decode_attention, decode_attention_qkv
 
     for lens in ([1000], [1000, 37]):

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_options, use_pdl
+from .triton_fused import check_qk_args
 
 BLOCK_T = 64  # tokens per iteration of a program
 NUM_SPLITS = 32  # chunks of a request's context, by default (16 was 1 us a layer slower on an H200)
@@ -211,8 +212,8 @@ def _decode_merge_kernel(
 def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtype) -> None:
     if k_slots.dim() != 3 or v_slots.shape != k_slots.shape:
         raise ValueError(f"the slots must be [num_slots, H_kv, D], got {tuple(k_slots.shape)} and {tuple(v_slots.shape)}")
-    if not dtype == k_slots.dtype == v_slots.dtype:
-        raise ValueError(f"q, k_slots and v_slots must share a dtype, got {dtype}, {k_slots.dtype}, {v_slots.dtype}")
+    if not dtype == k_slots.dtype == v_slots.dtype or not dtype.is_floating_point:
+        raise ValueError(f"q, k_slots and v_slots must share a float dtype, got {dtype}, {k_slots.dtype}, {v_slots.dtype}")
     head_dim = k_slots.shape[2]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
@@ -220,11 +221,14 @@ def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtyp
         raise ValueError("the KV slots must be contiguous")
 
 
-def _check_index(bs: int, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int,
-                 max_seq_len: int, num_splits: int) -> None:
+def _check_index(bs: int, kv_indptr: torch.Tensor, kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor,
+                 page_size: int, max_seq_len: int, num_splits: int) -> None:
     if kv_indptr.shape != (bs + 1,) or kv_last_page_len.shape != (bs,):
         raise ValueError(f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
                          f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}")
+    for name, x in (("kv_indptr", kv_indptr), ("kv_page_ids", kv_page_ids), ("kv_last_page_len", kv_last_page_len)):
+        if x.dtype not in (torch.int32, torch.int64) or not x.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 or int64 tensor, got {x.dtype}")
     if page_size < 1 or max_seq_len < 1 or num_splits < 1:
         raise ValueError(f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}")
 
@@ -275,7 +279,8 @@ def decode_attention(
     context would be cut short, which only the caller can rule out without a device sync).
     With PDL, q and each request's last token's K/V may be written by the kernel just
     before; the rest of the context must have been stored earlier (a decode step: it is read
-    before the wait).
+    before the wait). The index tensors are contiguous int32/int64; that every page id lies
+    inside the pool is the caller's to ensure (the host cannot read them without a sync).
     Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
     programs, then ``B x H_q`` merges. ``D`` must be a power of two of at least 16.
 
@@ -289,7 +294,7 @@ def decode_attention(
     num_kv_heads = k_slots.shape[1]
     if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
         raise ValueError(f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree")
-    _check_index(bs, kv_indptr, kv_last_page_len, page_size, max_seq_len, num_splits)
+    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
     return _launch(q, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), torch.empty_like(q),
                    page_size, sm_scale, max_seq_len, num_splits)
 
@@ -309,6 +314,7 @@ def decode_attention_qkv(
     ``triton_fused.qk_norm_rope_store``; the rest as in ``decode_attention``. Every program
     normalises and rotates its own query heads and this token's K (a few hundred bytes);
     the one whose chunk holds the token stores its K/V and scores it from registers.
+    Every position must be below ``cos_sin_cache.shape[0]`` (not checked: a device read).
     Returns ``[B, H_q, D]``.
 
     Raises:
@@ -321,15 +327,10 @@ def decode_attention_qkv(
     if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
         raise ValueError(f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
                          f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}")
-    if positions.shape != (bs,) or out_loc.shape != (bs,):
-        raise ValueError(f"positions and out_loc must be [{bs}], got {tuple(positions.shape)} and {tuple(out_loc.shape)}")
-    if q_norm is not None and k_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
-        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
-    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim or not cos_sin_cache.is_contiguous():
-        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}]")
-    _check_index(bs, kv_indptr, kv_last_page_len, page_size, max_seq_len, num_splits)
+    check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
+    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
     out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    norms = (q_norm.to(qkv.dtype), k_norm.to(qkv.dtype)) if q_norm is not None and k_norm is not None else (None, None)
+    norms = (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous()) if q_norm is not None else (None, None)
     return _launch(qkv, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), out, page_size, sm_scale,
                    max_seq_len, num_splits, qkv_args=(positions.contiguous(), out_loc.contiguous(), cos_sin_cache,
                                                       *norms, eps))

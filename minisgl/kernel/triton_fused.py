@@ -24,7 +24,7 @@ to four GEMV kernels and the attention:
 
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
 so enough bytes are kept in flight by giving each program long rows instead: four of them,
-each whole in one tile (``BLOCK_K`` up to 4,096). Every kernel here is launched with
+each whole in one tile when the registers allow (``BLOCK_K`` up to 4,096). Every kernel here is launched with
 programmatic dependent launch (``pdl``) and lets the next one be scheduled first thing: it
 reads its weights (all of them, when the row fits one tile) before waiting for the kernel
 before it, so weights stream in while the kernels before finish.
@@ -250,6 +250,28 @@ def gemv_add_residual_(
     return residual
 
 
+def check_qk_args(
+    t: int, head_dim: int, positions: torch.Tensor, out_loc: torch.Tensor, cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
+) -> None:
+    """The checks of what both q/k kernels take besides qkv (``qk_norm_rope_store`` here,
+    ``triton_decode.decode_attention_qkv``): ``positions``, ``out_loc: [T]`` integers, the
+    norms both ``[D]`` or both None, ``cos_sin_cache: [max_pos, D]`` contiguous float32.
+    What the host cannot see without a device sync stays the caller's: every position must
+    be below ``max_pos`` and every slot inside the pool. Raises ValueError."""
+    for name, x in (("positions", positions), ("out_loc", out_loc)):
+        if x.shape != (t,) or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be [{t}] int32 or int64, got {tuple(x.shape)} {x.dtype}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm go together: give both or neither")
+    if q_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
+        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim \
+            or not cos_sin_cache.is_contiguous():
+        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}], "
+                         f"got {tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}")
+
+
 @triton.jit
 def _qk_norm_rope_store_kernel(
     qkv_ptr, q_out_ptr, k_slots_ptr, v_slots_ptr, loc_ptr, pos_ptr, cos_sin_ptr,
@@ -324,19 +346,14 @@ def qk_norm_rope_store(
     if v_slots.shape != k_slots.shape or v_slots.dtype != k_slots.dtype or k_slots.dtype != qkv.dtype:
         raise ValueError(f"k_slots {tuple(k_slots.shape)} {k_slots.dtype}, v_slots {tuple(v_slots.shape)} "
                          f"{v_slots.dtype} and qkv {qkv.dtype} must agree")
-    if positions.shape != (t,) or out_loc.shape != (t,):
-        raise ValueError(f"positions and out_loc must be [{t}], got {tuple(positions.shape)} and {tuple(out_loc.shape)}")
-    if q_norm is not None and k_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
-        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
-    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != head_dim or not cos_sin_cache.is_contiguous():
-        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}]")
+    check_qk_args(t, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
     q = torch.empty((t, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
-    has_norm, pdl = q_norm is not None and k_norm is not None, use_pdl(qkv)
+    has_norm, pdl = q_norm is not None, use_pdl(qkv)
     _qk_norm_rope_store_kernel[(t, num_qo_heads + num_kv_heads)](
         qkv, q, k_slots, v_slots, out_loc.contiguous(), positions.contiguous(), cos_sin_cache,
-        q_norm.to(qkv.dtype) if has_norm else qkv, k_norm.to(qkv.dtype) if has_norm else qkv,
+        q_norm.to(qkv.dtype).contiguous() if has_norm else qkv, k_norm.to(qkv.dtype).contiguous() if has_norm else qkv,
         qkv.stride(0), k_slots.stride(0), eps,
         NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_QK_NORM=has_norm,
         PDL=pdl, **launch_options(pdl),
