@@ -120,6 +120,52 @@ def test_every_qwen3_gemv_reads_its_whole_row_before_the_pdl_wait(m):
     assert wide.block_k == tf.MAX_BLOCK_K
 
 
+def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -> str:
+    """``kernel`` compiled for sm_90 (an H100/H200) by Triton's compiler and its bundled ptxas,
+    on this machine, GPU or not; returns the PTX. Arguments not in ``types`` are constexprs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
+    """The interpreter runs the kernels' logic on the CPU but not the GPU compiler: this
+    compiles each one for sm_90 at Qwen3-0.6B's shapes, as the engine launches them, and
+    checks the PTX waits for the kernel before and lets the next one start."""
+    from minisgl.kernel import triton_decode as td, triton_fused as tf
+
+    bf, i32, f32 = "*bf16", "i32", "fp32"
+    ptx = []
+    gemv_types = dict(x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32,
+                      stride_xm=i32, stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32)
+    for m, n, k, norm, swiglu in ((1, 4096, 1024, True, False), (1, 3072, 1024, True, True),
+                                  (1, 1024, 2048, False, False), (2, 1024, 3072, False, False)):
+        cfg = tf.fused_gemv_config(m, n, k, swiglu)
+        ptx.append(_ptx_for_hopper(tf._fused_gemv_kernel, gemv_types, dict(
+            K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NORM=norm, SWIGLU=swiglu,
+            ADD_RESIDUAL=not norm, HAS_BIAS=False, PDL=True), cfg.num_warps))
+    ptx.append(_ptx_for_hopper(tf._qk_norm_rope_store_kernel, dict(
+        qkv_ptr=bf, q_out_ptr=bf, k_slots_ptr=bf, v_slots_ptr=bf, loc_ptr="*i32", pos_ptr="*i64",
+        cos_sin_ptr="*fp32", q_norm_ptr=bf, k_norm_ptr=bf, stride_qkv=i32, stride_slot=i32, eps=f32),
+        dict(NUM_QO_HEADS=16, NUM_KV_HEADS=8, HEAD_DIM=128, HAS_QK_NORM=True, PDL=True)))
+    for from_qkv in (False, True):
+        ptx.append(_ptx_for_hopper(td._decode_partial_kernel, dict(
+            q_ptr=bf, k_ptr=bf, v_ptr=bf, indptr_ptr="*i32", page_ids_ptr="*i32", last_len_ptr="*i32",
+            part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", cos_sin_ptr="*fp32",
+            q_norm_ptr=bf, k_norm_ptr=bf, sm_scale=f32, stride_slot=i32, num_splits=i32, stride_q=i32, eps=f32),
+            dict(MAX_ITERS=1, GROUP=2, BLOCK_G=16, HEAD_DIM=128, NUM_KV_HEADS=8, PAGE=256, BLOCK_T=td.BLOCK_T,
+                 PDL=True, FROM_QKV=from_qkv, HAS_QK_NORM=True), td.NUM_WARPS))
+    ptx.append(_ptx_for_hopper(td._decode_merge_kernel, dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf,
+                                                             num_splits=i32), dict(HEAD_DIM=128, BLOCK_S=32, PDL=True)))
+    for code in ptx:
+        assert "griddepcontrol.wait" in code and "griddepcontrol.launch_dependents" in code
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_kernels_refuse_bad_input_before_launching():
     """Checked on the host, so a wrong call is a ValueError, never an out-of-bounds kernel."""
