@@ -24,10 +24,10 @@ to four GEMV kernels and the attention:
 
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
 so enough bytes are kept in flight by giving each program long rows instead: four of them,
-each whole in one tile when the registers allow (``BLOCK_K`` up to 4,096). Every kernel here is launched with
-programmatic dependent launch (``pdl``) and lets the next one be scheduled first thing: it
-reads its weights (all of them, when the row fits one tile) before waiting for the kernel
-before it, so weights stream in while the kernels before finish.
+each whole in one tile when the registers allow (``BLOCK_K`` up to 4,096). Every kernel
+here is launched with programmatic dependent launch (``pdl``) and lets the next one be
+scheduled first thing: it reads its weights (all of them, when the row fits one tile)
+before waiting for the kernel before it, so weights stream in while those finish.
 
 Every intermediate that the unfused path would write to memory is rounded to the input
 dtype at the same point here (the normalised row, the gate and up outputs, the linear
