@@ -42,8 +42,20 @@ from .pdl import launch_options, use_pdl
 from .triton_fused import check_qk_args
 
 BLOCK_T = 64  # tokens per iteration of a program
-NUM_SPLITS = 32  # chunks of a request's context, by default (16 was 1 us a layer slower on an H200)
-NUM_WARPS = 4  # 8 was faster at batch 1 and much slower at batch 2 (H200)
+NUM_SPLITS = 64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
+NUM_WARPS = 4  # 8 was no faster at batch 1 and slower at batch 2 (H200)
+
+
+@triton.jit
+def _chunking(indptr_ptr, last_len_ptr, b, num_splits, PAGE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Request ``b``'s first page, context length and chunk length (a multiple of
+    ``BLOCK_T``, so that ``cdiv(seq_len, chunk)`` chunks hold tokens, the rest none): the
+    one split rule both kernels follow."""
+    first_page = tl.load(indptr_ptr + b)
+    num_pages = tl.load(indptr_ptr + b + 1) - first_page
+    seq_len = (num_pages - 1) * PAGE + tl.load(last_len_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_T) * BLOCK_T
+    return first_page, seq_len, chunk
 
 
 @triton.jit
@@ -97,11 +109,10 @@ def _decode_partial_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    first_page = tl.load(indptr_ptr + b)
-    num_pages = tl.load(indptr_ptr + b + 1) - first_page
-    seq_len = (num_pages - 1) * PAGE + tl.load(last_len_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_T) * BLOCK_T
+    first_page, seq_len, chunk = _chunking(indptr_ptr, last_len_ptr, b, num_splits, PAGE, BLOCK_T)
     start = split * chunk
+    if start >= seq_len:  # an empty chunk (a short context split many ways): the merge skips it
+        return  # (chunk 0 always holds a token, so its programs still wait for the kernel before)
     end = tl.minimum(start + chunk, seq_len)
     offs_t = tl.arange(0, BLOCK_T)
     offs_g = tl.arange(0, BLOCK_G)
@@ -153,59 +164,57 @@ def _decode_partial_kernel(
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
     # a bound fixed at compile time (from the longest context a request may have), so one
-    # graph serves every length; iterations past ``end`` load nothing
+    # graph serves every length; iterations past the chunk's last stored token do nothing
     for it in range(0, MAX_ITERS):
-        s = tl.dot(q, tl.trans(k)) * sm_scale  # [BLOCK_G, BLOCK_T], float32
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: no -inf - -inf
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-        rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + (it + 1) * BLOCK_T + offs_t, before_last,
-                                kv_head, stride_slot, PAGE, HEAD_DIM)
-        k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)  # the next tile (nothing after the last)
+        if start + it * BLOCK_T < before_last:
+            s = tl.dot(q, tl.trans(k)) * sm_scale  # [BLOCK_G, BLOCK_T], float32
+            s = tl.where(t_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the tile holds a token
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+            rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + (it + 1) * BLOCK_T + offs_t, before_last,
+                                    kv_head, stride_slot, PAGE, HEAD_DIM)
+            k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)  # the next tile (nothing after the last)
 
     # the last token, in the chunk that holds it
     s_last = tl.sum(q.to(tl.float32) * k_last.to(tl.float32), axis=1) * sm_scale
     s_last = tl.where(has_last, s_last, float("-inf"))
-    m_new = tl.maximum(m_i, s_last)
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp(m_i - m_safe)
-    p_last = tl.exp(s_last - m_safe)
+    m_new = tl.maximum(m_i, s_last)  # finite: the chunk holds a token, in a tile or this one
+    alpha = tl.exp(m_i - m_new)
+    p_last = tl.exp(s_last - m_new)
     l_i = l_i * alpha + p_last
     acc = acc * alpha[:, None] + p_last.to(v_last.dtype).to(tl.float32)[:, None] * v_last.to(tl.float32)
     m_i = m_new
 
-    # an empty chunk (a short context split many ways) leaves lse = -inf: weight 0 in the merge
-    lse = tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf"))
-    o = acc / l_i[:, None]
     row = (b * NUM_KV_HEADS * GROUP + q_head) * num_splits + split  # [B, H_q, splits] order
-    tl.store(part_lse_ptr + row, lse, mask=g_mask)
-    tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=g_mask[:, None] & (l_i > 0)[:, None])
+    tl.store(part_lse_ptr + row, m_i + tl.log(l_i), mask=g_mask)
+    tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
 
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    part_o_ptr, part_lse_ptr, out_ptr, indptr_ptr, last_len_ptr, num_splits,
+    NUM_QO_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     row = tl.program_id(0)  # b * H_q + head
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()  # o_proj's GEMV may start loading its weights
-        tl.extra.cuda.gdc_wait()  # the partials are visible
+    if PDL:  # o_proj's GEMV may start loading its weights
+        tl.extra.cuda.gdc_launch_dependents()
+    # which chunks hold tokens: from the index, written before the step (read before the wait)
+    _, seq_len, chunk = _chunking(indptr_ptr, last_len_ptr, row // NUM_QO_HEADS, num_splits, PAGE, BLOCK_T)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
-    s_mask = offs_s < num_splits
-    # both loads at once: an empty chunk's output (never written) is weighed out after
+    s_mask = offs_s < tl.cdiv(seq_len, chunk)  # the empty chunks' programs wrote nothing
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the partials are visible
     lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
     o = tl.load(part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=s_mask[:, None], other=0.0)
     weight = tl.exp(lse - tl.max(lse, axis=0))
-    weight = weight / tl.sum(weight, axis=0)
-    out = tl.sum(tl.where((weight > 0)[:, None], o * weight[:, None], 0.0), axis=0)
+    out = tl.sum(o * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
@@ -259,8 +268,8 @@ def _launch(
         num_warps=NUM_WARPS, **launch_options(pdl),
     )
     _decode_merge_kernel[(bs * num_qo_heads,)](
-        part_o, part_lse, out, num_splits, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
-        PDL=pdl, **launch_options(pdl),
+        part_o, part_lse, out, index[0], index[2], num_splits, NUM_QO_HEADS=num_qo_heads, HEAD_DIM=head_dim,
+        PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl, **launch_options(pdl),
     )
     return out
 
