@@ -50,11 +50,14 @@ import triton.language as tl
 from .pdl import launch_options, use_pdl
 from .triton_gemv import check_gemv_args
 
-# Tiles measured on an H200, in the whole decode step (``python benchmarks/fused_decode.py
-# --sweep`` times each GEMV alone): four output rows per program, and a whole row of K in
-# one tile, so that a program reads all of its weights before its PDL wait (down_proj's
-# K = 3,072 in one masked 4,096-wide tile saved 2 us a layer over three 1,024-wide ones).
-BLOCK_N = 4
+# Tiles measured on an H200, in the whole layer's chain of kernels (a layer's ~20 us, not
+# each GEMV alone): about 512 programs per GEMV, so BLOCK_N = N / 512 rounded down to a
+# power of two (qkv_proj 8 rows, gate/up 4, o_proj and down_proj 2: 1.4 us a layer less than
+# 4 rows everywhere), and a whole row of K in one tile, so that a program reads all of its
+# weights before its PDL wait (down_proj's K = 3,072 in one masked 4,096-wide tile saved
+# 2 us a layer over three 1,024-wide ones).
+TARGET_PROGRAMS = 512
+MAX_BLOCK_N = 8
 MAX_BLOCK_K = 4096
 # float32 accumulator elements per thread at most (BLOCK_M x BLOCK_N x BLOCK_K, twice for
 # SwiGLU, over the threads): past this the registers spill.
@@ -71,19 +74,20 @@ class FusedGemvConfig(NamedTuple):
 
 
 def fused_gemv_config(m: int, n: int, k: int, swiglu: bool = False) -> FusedGemvConfig:
-    """``BLOCK_N = 4``; ``BLOCK_K`` the next power of two >= ``K`` up to ``MAX_BLOCK_K``
-    (the lanes past ``K`` are masked off); 4 warps, or 8 when 4 would hold more than
+    """``BLOCK_N``: the largest power of two <= ``N / TARGET_PROGRAMS``, from 1 to
+    ``MAX_BLOCK_N``; ``BLOCK_K`` the next power of two >= ``K`` up to ``MAX_BLOCK_K`` (the
+    lanes past ``K`` are masked off); 4 warps, or 8 when 4 would hold more than
     ``MAX_ACC_PER_THREAD`` accumulators each, and ``BLOCK_K`` halved while even 8 would.
-    ``n`` counts outputs (for SwiGLU, ``I``); it does not change the tiles.
-    Raises ValueError for a non-positive size."""
+    ``n`` counts outputs (for SwiGLU, ``I``). Raises ValueError for a non-positive size."""
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"gemv needs positive sizes, got M={m}, N={n}, K={k}")
+    block_n = min(MAX_BLOCK_N, 1 << max(0, (n // TARGET_PROGRAMS).bit_length() - 1))
     block_m, block_k = triton.next_power_of_2(m), min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    per_thread = lambda bk, warps: block_m * BLOCK_N * bk * (2 if swiglu else 1) // (32 * warps)  # noqa: E731
+    per_thread = lambda bk, warps: block_m * block_n * bk * (2 if swiglu else 1) // (32 * warps)  # noqa: E731
     num_warps = 4 if per_thread(block_k, 4) <= MAX_ACC_PER_THREAD else 8
     while block_k > 16 and per_thread(block_k, num_warps) > MAX_ACC_PER_THREAD:
         block_k //= 2
-    return FusedGemvConfig(block_m, BLOCK_N, block_k, num_warps)
+    return FusedGemvConfig(block_m, block_n, block_k, num_warps)
 
 
 @triton.jit
