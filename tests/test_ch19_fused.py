@@ -168,6 +168,20 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_kernel_chain_benchmark_compiles_for_hopper():
+    """``benchmarks/kernel_chain.py`` runs on a GPU only: its link kernel must carry PDL's
+    wait and trigger, and its persistent kernel the atomics of its grid barrier."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import kernel_chain
+
+    link = _ptx_for_hopper(kernel_chain._link_kernel, dict(x_ptr="*bf16", y_ptr="*bf16"), dict(K=1024, PDL=True))
+    assert "griddepcontrol.wait" in link and "griddepcontrol.launch_dependents" in link
+    barrier = _ptx_for_hopper(kernel_chain._persistent_kernel, dict(x_ptr="*bf16", counter_ptr="*i32", num_programs="i32"),
+                              dict(STEPS=3, K=2048, PER=8))
+    assert "atom.global.gpu.acq_rel.add" in barrier
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_kernels_refuse_bad_input_before_launching():
     """Checked on the host, so a wrong call is a ValueError, never an out-of-bounds kernel."""
     from minisgl.kernel import triton_decode, triton_fused as tf
