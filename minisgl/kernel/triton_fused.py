@@ -23,8 +23,9 @@ to four GEMV kernels and the attention:
   inside the attention kernel instead).
 
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
-so enough bytes are kept in flight by giving each program long rows instead: four of them,
-each whole in one tile when the registers allow (``BLOCK_K`` up to 4,096). Every kernel
+so enough bytes are kept in flight by giving each program long rows instead: one to eight
+of them (about 512 programs per GEMV), each whole in one tile when the registers allow
+(``BLOCK_K`` up to 4,096). Every kernel
 here is launched with programmatic dependent launch (``pdl``) and lets the next one be
 scheduled first thing: it reads its weights (all of them, when the row fits one tile)
 before waiting for the kernel before it, so weights stream in while those finish.
