@@ -5,12 +5,12 @@
 A batch-1 decode step is a chain of about 170 kernels, each needing all of the one before.
 This times that chain with the work taken out, in a CUDA graph:
 
-* ``chain``: 171 trivial kernels (each program sums 1,024 values the kernel before wrote and
-  writes four), one after another, launched with and without programmatic dependent launch
+* ``chain``: 171 trivial kernels (each program sums the first 1,024 values of the buffer the
+  kernel before wrote into, and writes four), one after another, launched with and without programmatic dependent launch
   (``pdl``): microseconds per kernel, at 128, 256 and 1,024 programs;
 * ``persistent``: one kernel of one program per SM (or two) doing the same 171 steps, each
-  step ending in a grid-wide barrier (an atomic counter every program increments, then
-  spins on until all have): microseconds per barrier. This is the synchronisation a
+  step (the same load, sum and store) ending in a grid-wide barrier (an atomic counter every
+  program increments, then spins on until all have): microseconds per step. This is the synchronisation a
   persistent "megakernel" would use between stages that need all of the previous one.
 
 Needs CUDA and Triton; PDL needs Hopper or newer.
@@ -40,7 +40,7 @@ def _link_kernel(x_ptr, y_ptr, K: tl.constexpr, PDL: tl.constexpr):
         tl.extra.cuda.gdc_wait()
     total = tl.sum(tl.load(x_ptr + tl.arange(0, K)).to(tl.float32))
     pid = tl.program_id(0)
-    tl.store(y_ptr + pid * 4 + tl.arange(0, 4), (total * 1e-3 + pid).to(tl.bfloat16))
+    tl.store(y_ptr + pid * 4 + tl.arange(0, 4), (total * 1e-6 + pid).to(tl.bfloat16))
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _persistent_kernel(x_ptr, counter_ptr, num_programs, STEPS: tl.constexpr, K:
         dst = x_ptr + ((s + 1) % 2) * K
         # .cg: from L2, not a stale L1 line written by another SM
         x = tl.load(src + offs, mask=offs < num_programs * PER, other=0.0, cache_modifier=".cg")
-        tl.store(dst + pid * PER + tl.arange(0, PER), (tl.sum(x.to(tl.float32)) * 1e-3 + pid).to(tl.bfloat16))
+        tl.store(dst + pid * PER + tl.arange(0, PER), (tl.sum(x.to(tl.float32)) * 1e-6 + pid).to(tl.bfloat16))
         arrived = tl.atomic_add(counter_ptr + s, 1, sem="acq_rel", scope="gpu") + 1
         while arrived < num_programs:
             arrived = tl.atomic_add(counter_ptr + s, 0, sem="acquire", scope="gpu")
@@ -94,7 +94,7 @@ def main() -> None:
     print(f"one persistent kernel, {KERNELS} steps each ending in a grid barrier")
     for programs in (sms, 2 * sms):
         one, many = persistent_us(programs, 1), persistent_us(programs, KERNELS)
-        print(f"  {programs:5d} programs: {(many - one) / (KERNELS - 1):.2f} us per barrier")
+        print(f"  {programs:5d} programs: {(many - one) / (KERNELS - 1):.2f} us per step with its barrier")
 
 
 if __name__ == "__main__":

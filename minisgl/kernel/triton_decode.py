@@ -285,7 +285,8 @@ def decode_attention(
     per-token view); ``kv_indptr: [B + 1]``, ``kv_page_ids``, ``kv_last_page_len: [B]``
     int32 on the device (FlashInfer's paged index); ``sm_scale`` usually ``D ** -0.5``;
     ``max_seq_len`` bounds every request's context (it sets the programs' loop count; a longer
-    context would be cut short, which only the caller can rule out without a device sync).
+    context would be cut short, which only the caller can rule out without a device sync), and
+    every context holds at least one token (a decode step's own).
     With PDL, q and each request's last token's K/V may be written by the kernel just
     before; the rest of the context must have been stored earlier (a decode step: it is read
     before the wait). The index tensors are contiguous int32/int64; that every page id lies
