@@ -267,9 +267,11 @@ def _launch(
         PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, FROM_QKV=qkv_args is not None, HAS_QK_NORM=has_norm,
         num_warps=NUM_WARPS, **launch_options(pdl),
     )
+    kv_indptr, _, kv_last_page_len = index  # the merge needs only the lengths, to count the chunks
     _decode_merge_kernel[(bs * num_qo_heads,)](
-        part_o, part_lse, out, index[0], index[2], num_splits, NUM_QO_HEADS=num_qo_heads, HEAD_DIM=head_dim,
-        PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl, **launch_options(pdl),
+        part_o, part_lse, out, kv_indptr, kv_last_page_len, num_splits, NUM_QO_HEADS=num_qo_heads,
+        HEAD_DIM=head_dim, PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl,
+        **launch_options(pdl),
     )
     return out
 
