@@ -135,7 +135,7 @@ def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     """The interpreter runs the kernels' logic on the CPU but not the GPU compiler: this
-    compiles each one for sm_90 at Qwen3-0.6B's shapes, as the engine launches them, and
+    compiles each one for sm_90 at Qwen3-0.6B's shapes (and SmolLM2's one-row tiles), as the engine launches them, and
     checks the PTX waits for the kernel before and lets the next one start."""
     from minisgl.kernel import triton_decode as td, triton_fused as tf
 
@@ -144,7 +144,8 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     gemv_types = dict(x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32,
                       stride_xm=i32, stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32)
     for m, n, k, norm, swiglu in ((1, 4096, 1024, True, False), (1, 3072, 1024, True, True),
-                                  (1, 1024, 2048, False, False), (2, 1024, 3072, False, False)):
+                                  (1, 1024, 2048, False, False), (2, 1024, 3072, False, False),
+                                  (1, 576, 576, False, False)):  # SmolLM2's o_proj: one row per program
         cfg = tf.fused_gemv_config(m, n, k, swiglu)
         ptx.append(_ptx_for_hopper(tf._fused_gemv_kernel, gemv_types, dict(
             K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NORM=norm, SWIGLU=swiglu,
