@@ -5,13 +5,15 @@
 A batch-1 decode step is a chain of about 170 kernels, each needing all of the one before.
 This times that chain with the work taken out, in a CUDA graph:
 
-* ``chain``: 171 trivial kernels (each program sums the first 1,024 values of the buffer the
-  kernel before wrote into, and writes four), one after another, launched with and without programmatic dependent launch
-  (``pdl``): microseconds per kernel, at 128, 256 and 1,024 programs;
+* ``chain``: 171 trivial kernels (each program sums the first 1,024 values of the buffer
+  the kernel before wrote into, and writes four), one after another, launched with and
+  without programmatic dependent launch (``pdl``): microseconds per kernel, at 128, 256
+  and 1,024 programs;
 * ``persistent``: one kernel of one program per SM (or two) doing the same 171 steps, each
-  step (the same load, sum and store) ending in a grid-wide barrier (an atomic counter every
-  program increments, then spins on until all have): microseconds per step. This is the synchronisation a
-  persistent "megakernel" would use between stages that need all of the previous one.
+  step (the same load, sum and store) ending in a grid-wide barrier (an atomic counter
+  every program increments, then spins on until all have): microseconds per step. This is
+  the synchronisation a persistent "megakernel" would use between stages that need all of
+  the previous one.
 
 Needs CUDA and Triton; PDL needs Hopper or newer.
 """
@@ -59,12 +61,12 @@ def _persistent_kernel(x_ptr, counter_ptr, num_programs, STEPS: tl.constexpr, K:
             arrived = tl.atomic_add(counter_ptr + s, 0, sem="acquire", scope="gpu")
 
 
-def chain_us(programs: int, pdl: bool, kernels: int = KERNELS) -> float:
-    """Microseconds per kernel of a chain of ``kernels`` links of ``programs`` programs."""
+def chain_us(programs: int, pdl: bool) -> float:
+    """Microseconds per kernel of a chain of ``KERNELS`` links of ``programs`` programs."""
     bufs = [torch.randn(max(K, programs * 4), device="cuda").to(torch.bfloat16) for _ in range(2)]
     options = {"launch_pdl": True} if pdl else {}
     calls = [lambda i=i: _link_kernel[(programs,)](bufs[i % 2], bufs[(i + 1) % 2], K=K, PDL=pdl, **options)
-             for i in range(kernels)]
+             for i in range(KERNELS)]
     return graph_time_us(calls, 20)
 
 

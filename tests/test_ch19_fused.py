@@ -135,8 +135,9 @@ def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     """The interpreter runs the kernels' logic on the CPU but not the GPU compiler: this
-    compiles each one for sm_90 at Qwen3-0.6B's shapes (and SmolLM2's one-row tiles), as the engine launches them, and
-    checks the PTX waits for the kernel before and lets the next one start."""
+    compiles each one for sm_90 at Qwen3-0.6B's shapes (and SmolLM2's one-row tiles), as the
+    engine launches them, and checks the PTX waits for the kernel before and lets the next
+    one start."""
     from minisgl.kernel import triton_decode as td, triton_fused as tf
 
     bf, i32, f32 = "*bf16", "i32", "fp32"

@@ -25,10 +25,10 @@ to four GEMV kernels and the attention:
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
 so enough bytes are kept in flight by giving each program long rows instead: one to eight
 of them (about 512 programs per GEMV), each whole in one tile when the registers allow
-(``BLOCK_K`` up to 4,096). Every kernel
-here is launched with programmatic dependent launch (``pdl``) and lets the next one be
-scheduled first thing: it reads its weights (all of them, when the row fits one tile)
-before waiting for the kernel before it, so weights stream in while those finish.
+(``BLOCK_K`` up to 4,096). Every kernel here is launched with programmatic dependent launch
+(``pdl``) and lets the next one be scheduled first thing: it reads its weights (all of
+them, when the row fits one tile) before waiting for the kernel before it, so weights
+stream in while those finish.
 
 Every intermediate that the unfused path would write to memory is rounded to the input
 dtype at the same point here (the normalised row, the gate and up outputs, the linear
@@ -53,8 +53,8 @@ from .triton_gemv import check_gemv_args
 
 # Tiles measured on an H200, in the whole layer's chain of kernels (a layer's ~20 us, not
 # each GEMV alone): about 512 programs per GEMV, so BLOCK_N = N / 512 rounded down to a
-# power of two (qkv_proj 8 rows, gate/up 4, o_proj and down_proj 2: 1.4 us a layer less than
-# 4 rows everywhere), and a whole row of K in one tile, so that a program reads all of its
+# power of two (qkv_proj 8 rows, gate/up 4, o_proj and down_proj 2: about 1.2 us a layer less
+# than 4 rows everywhere), and a whole row of K in one tile, so that a program reads all of its
 # weights before its PDL wait (down_proj's K = 3,072 in one masked 4,096-wide tile saved
 # 2 us a layer over three 1,024-wide ones).
 TARGET_PROGRAMS = 512
