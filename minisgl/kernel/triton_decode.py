@@ -44,6 +44,11 @@ from .triton_fused import check_qk_args
 BLOCK_T = 64  # tokens per iteration of a program
 NUM_SPLITS = 64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
 NUM_WARPS = 4  # 8 was no faster at batch 1 and slower at batch 2 (H200)
+# The merge: a one-warp program per (request, query head, 32 of the head's dims), whose sums
+# over the chunks stay inside the warp; 0.6 us a layer less than a 4-warp program per head,
+# whose sums crossed warps through shared memory (H200, chapter 19)
+MERGE_BLOCK_D = 32
+MERGE_WARPS = 1
 
 
 @triton.jit
@@ -198,15 +203,15 @@ def _decode_partial_kernel(
 def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, indptr_ptr, last_len_ptr, num_splits,
     NUM_QO_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    row = tl.program_id(0)  # b * H_q + head
+    row = tl.program_id(0)  # b * H_q + head; program_id(1) picks BLOCK_D of its dims
     if PDL:  # o_proj's GEMV may start loading its weights
         tl.extra.cuda.gdc_launch_dependents()
     # which chunks hold tokens: from the index, written before the step (read before the wait)
     _, seq_len, chunk = _chunking(indptr_ptr, last_len_ptr, row // NUM_QO_HEADS, num_splits, PAGE, BLOCK_T)
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     s_mask = offs_s < tl.cdiv(seq_len, chunk)  # the empty chunks' programs wrote nothing
     if PDL:
         tl.extra.cuda.gdc_wait()  # the partials are visible
@@ -268,10 +273,11 @@ def _launch(
         num_warps=NUM_WARPS, **launch_options(pdl),
     )
     kv_indptr, _, kv_last_page_len = index  # the merge needs only the lengths, to count the chunks
-    _decode_merge_kernel[(bs * num_qo_heads,)](
+    block_d = min(MERGE_BLOCK_D, head_dim)
+    _decode_merge_kernel[(bs * num_qo_heads, head_dim // block_d)](
         part_o, part_lse, out, kv_indptr, kv_last_page_len, num_splits, NUM_QO_HEADS=num_qo_heads,
-        HEAD_DIM=head_dim, PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits), PDL=pdl,
-        **launch_options(pdl),
+        HEAD_DIM=head_dim, PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d, PDL=pdl, num_warps=MERGE_WARPS, **launch_options(pdl),
     )
     return out
 
@@ -294,7 +300,8 @@ def decode_attention(
     before the wait). The index tensors are contiguous int32/int64; that every page id lies
     inside the pool is the caller's to ensure (the host cannot read them without a sync).
     Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
-    programs, then ``B x H_q`` merges. ``D`` must be a power of two of at least 16.
+    programs, then ``B x H_q x D / 32`` one-warp merges. ``D`` must be a power of two of at
+    least 16.
 
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
