@@ -24,11 +24,11 @@ to four GEMV kernels and the attention:
 
 No split-K here (unlike ``triton_gemv``): an epilogue needs the whole sum in one program,
 so enough bytes are kept in flight by giving each program long rows instead: one to eight
-of them (about 512 programs per GEMV), each whole in one tile when the registers allow
-(``BLOCK_K`` up to 4,096). Every kernel here is launched with programmatic dependent launch
-(``pdl``) and lets the next one be scheduled first thing: it reads its weights (all of
-them, when the row fits one tile) before waiting for the kernel before it, so weights
-stream in while those finish.
+of them (at most 16 KiB of weights, at least 256 programs per GEMV), each whole in one tile
+when the registers allow (``BLOCK_K`` up to 4,096). Every kernel here is launched with
+programmatic dependent launch (``pdl``) and lets the next one be scheduled first thing: it
+reads its weights (all of them, when the row fits one tile) before waiting for the kernel
+before it, so weights stream in while those finish.
 
 Every intermediate that the unfused path would write to memory is rounded to the input
 dtype at the same point here (the normalised row, the gate and up outputs, the linear
@@ -51,13 +51,18 @@ import triton.language as tl
 from .pdl import launch_options, use_pdl
 from .triton_gemv import check_gemv_args
 
-# Tiles measured on an H200, in the whole layer's chain of kernels (a layer's ~20 us, not
-# each GEMV alone): about 512 programs per GEMV, so BLOCK_N = N / 512 rounded down to a
-# power of two (qkv_proj 8 rows, gate/up 4, o_proj and down_proj 2: about 1.2 us a layer less
-# than 4 rows everywhere), and a whole row of K in one tile, so that a program reads all of its
-# weights before its PDL wait (down_proj's K = 3,072 in one masked 4,096-wide tile saved
-# 2 us a layer over three 1,024-wide ones).
-TARGET_PROGRAMS = 512
+# Tiles measured on an H200, in the whole layer's chain of kernels (a layer's ~18 us, not
+# each GEMV alone). A program holds at most MAX_TILE_WEIGHTS weights (16 KiB of bf16) and a
+# GEMV has at least MIN_PROGRAMS programs: BLOCK_N is the largest power of two within both.
+# For Qwen3-0.6B: qkv_proj 8 rows, gate_up_proj 4 (each a gate and an up row), o_proj 4,
+# down_proj 2. The tile bound matters because a kernel's programs hold their weights in
+# registers while they wait, and the next kernel's programs can only start where registers
+# are free (o_proj at 2 rows, 512 programs, cost ~0.4 us a layer more). A whole row of K
+# sits in one tile, so that a program reads all of its weights before its PDL wait
+# (down_proj's K = 3,072 in one masked 4,096-wide tile saved 2 us a layer over three
+# 1,024-wide ones).
+MAX_TILE_WEIGHTS = 8192
+MIN_PROGRAMS = 256
 MAX_BLOCK_N = 8
 MAX_BLOCK_K = 4096
 # float32 accumulator elements per thread at most (BLOCK_M x BLOCK_N x BLOCK_K, twice for
@@ -75,14 +80,16 @@ class FusedGemvConfig(NamedTuple):
 
 
 def fused_gemv_config(m: int, n: int, k: int, swiglu: bool = False) -> FusedGemvConfig:
-    """``BLOCK_N``: the largest power of two <= ``N / TARGET_PROGRAMS``, from 1 to
-    ``MAX_BLOCK_N``; ``BLOCK_K`` the next power of two >= ``K`` up to ``MAX_BLOCK_K`` (the
-    lanes past ``K`` are masked off); 4 warps, or 8 when 4 would hold more than
-    ``MAX_ACC_PER_THREAD`` accumulators each, and ``BLOCK_K`` halved while even 8 would.
-    ``n`` counts outputs (for SwiGLU, ``I``). Raises ValueError for a non-positive size."""
+    """``BLOCK_N``: the largest power of two <= both ``N / MIN_PROGRAMS`` and
+    ``MAX_TILE_WEIGHTS`` over a row's weights, from 1 to ``MAX_BLOCK_N``; ``BLOCK_K`` the
+    next power of two >= ``K`` up to ``MAX_BLOCK_K`` (the lanes past ``K`` are masked off);
+    4 warps, or 8 when 4 would hold more than ``MAX_ACC_PER_THREAD`` accumulators each, and
+    ``BLOCK_K`` halved while even 8 would. ``n`` counts outputs (for SwiGLU, ``I``). Raises
+    ValueError for a non-positive size."""
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"gemv needs positive sizes, got M={m}, N={n}, K={k}")
-    block_n = min(MAX_BLOCK_N, 1 << max(0, (n // TARGET_PROGRAMS).bit_length() - 1))
+    row = k * (2 if swiglu else 1)  # weights per output: SwiGLU reads a gate row and an up row
+    block_n = min(MAX_BLOCK_N, 1 << max(0, min(n // MIN_PROGRAMS, MAX_TILE_WEIGHTS // row).bit_length() - 1))
     block_m, block_k = triton.next_power_of_2(m), min(MAX_BLOCK_K, triton.next_power_of_2(k))
     per_thread = lambda bk, warps: block_m * block_n * bk * (2 if swiglu else 1) // (32 * warps)  # noqa: E731
     num_warps = 4 if per_thread(block_k, 4) <= MAX_ACC_PER_THREAD else 8
