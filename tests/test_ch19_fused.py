@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -109,13 +110,18 @@ def test_a_backend_that_always_stores_keeps_the_unfused_path(qwen3_path, monkeyp
 @pytest.mark.parametrize("m", [1, 2])
 def test_every_qwen3_gemv_reads_its_whole_row_before_the_pdl_wait(m):
     """The tile rule measured on the H200: one tile covers all of K (the loads before
-    ``gdc_wait``), without more accumulators per thread than the registers hold."""
+    ``gdc_wait``), without more accumulators per thread than the registers hold, nor more
+    than 16 KiB of weights per program; the rows per program chapter 19 reports."""
     from minisgl.kernel import triton_fused as tf
 
+    rows = []
     for n, k, swiglu in ((4096, 1024, False), (3072, 1024, True), (1024, 2048, False), (1024, 3072, False)):
         cfg = tf.fused_gemv_config(m, n, k, swiglu)
         per_thread = cfg.block_m * cfg.block_n * cfg.block_k * (2 if swiglu else 1) // (32 * cfg.num_warps)
         assert cfg.block_k >= k and cfg.block_m >= m and per_thread <= tf.MAX_ACC_PER_THREAD, (n, k, cfg)
+        assert cfg.block_n * k * (2 if swiglu else 1) <= tf.MAX_TILE_WEIGHTS and n // cfg.block_n >= tf.MIN_PROGRAMS
+        rows.append(cfg.block_n)
+    assert rows == [8, 4, 4, 2], rows  # qkv, gate/up, o, down
     wide = tf.fused_gemv_config(m, 1024, 14336)  # K past MAX_BLOCK_K: several tiles, still in budget
     assert wide.block_k == tf.MAX_BLOCK_K
 
@@ -135,7 +141,7 @@ def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     """The interpreter runs the kernels' logic on the CPU but not the GPU compiler: this
-    compiles each one for sm_90 at Qwen3-0.6B's shapes (and SmolLM2's one-row tiles), as the
+    compiles each one for sm_90 at Qwen3-0.6B's shapes (and SmolLM2's o_proj), as the
     engine launches them, and checks the PTX waits for the kernel before and lets the next
     one start."""
     from minisgl.kernel import triton_decode as td, triton_fused as tf
@@ -146,7 +152,7 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
                       stride_xm=i32, stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32)
     for m, n, k, norm, swiglu in ((1, 4096, 1024, True, False), (1, 3072, 1024, True, True),
                                   (1, 1024, 2048, False, False), (2, 1024, 3072, False, False),
-                                  (1, 576, 576, False, False)):  # SmolLM2's o_proj: one row per program
+                                  (1, 576, 576, False, False)):  # SmolLM2's o_proj: two rows of 576
         cfg = tf.fused_gemv_config(m, n, k, swiglu)
         ptx.append(_ptx_for_hopper(tf._fused_gemv_kernel, gemv_types, dict(
             K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NORM=norm, SWIGLU=swiglu,
@@ -164,7 +170,8 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
                  PDL=True, FROM_QKV=from_qkv, HAS_QK_NORM=True), td.NUM_WARPS))
     ptx.append(_ptx_for_hopper(td._decode_merge_kernel, dict(
         part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, indptr_ptr="*i32", last_len_ptr="*i32", num_splits=i32),
-        dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=td.BLOCK_T, BLOCK_S=32, PDL=True)))
+        dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=td.BLOCK_T, BLOCK_S=64, BLOCK_D=td.MERGE_BLOCK_D,
+             PDL=True), td.MERGE_WARPS))
     for code in ptx:
         assert "griddepcontrol.wait" in code and "griddepcontrol.launch_dependents" in code
 
@@ -181,6 +188,39 @@ def test_the_kernel_chain_benchmark_compiles_for_hopper():
     barrier = _ptx_for_hopper(kernel_chain._persistent_kernel, dict(x_ptr="*bf16", counter_ptr="*i32", num_programs="i32"),
                               dict(STEPS=3, K=2048, PER=8))
     assert "atom.global.gpu.acq_rel.add" in barrier
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_layer_timeline_instruments_every_fused_kernel(tmp_path, monkeypatch):
+    """``benchmarks/layer_timeline.py`` patches copies of the kernel modules' source: each
+    kernel must still compile for sm_90 with its three timer reads, and every launch must
+    pass its stamps buffer (a kernel or launch the patterns miss would time nothing)."""
+    import types
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import layer_timeline
+
+    stamps = types.ModuleType("minisgl.kernel._timed_stamps")
+    stamps.next_stamps = lambda: None
+    monkeypatch.setitem(sys.modules, stamps.__name__, stamps)
+    for name in ("triton_fused", "triton_decode"):
+        source = (layer_timeline.KERNEL_DIR / f"{name}.py").read_text()
+        kernels = len(re.findall(r"^def _\w+_kernel\($", source, re.M))
+        launches = source.count("**launch_options(pdl),")
+        timed = layer_timeline.instrument(source)
+        assert timed.count("STAMPS=_next_stamps()") == launches == kernels, name
+        assert timed.count("_waited = _now()") == kernels and timed.count("_record(STAMPS") >= kernels, name
+    try:
+        fused = layer_timeline.load_instrumented(tmp_path, "triton_fused")
+    finally:
+        sys.modules.pop("minisgl.kernel._timed_triton_fused", None)
+    bf, i32 = "*bf16", "i32"
+    code = _ptx_for_hopper(fused._fused_gemv_kernel, dict(
+        x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32, stride_xm=i32,
+        stride_wn=i32, stride_rm=i32, stride_om=i32, eps="fp32", STAMPS="*i64"), dict(
+        K=1024, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NORM=True, SWIGLU=False, ADD_RESIDUAL=False, HAS_BIAS=False,
+        PDL=True))
+    assert code.count("%globaltimer") == 3 and "griddepcontrol.wait" in code
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
