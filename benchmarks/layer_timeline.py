@@ -40,11 +40,8 @@ from typing import Dict, List
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fused_decode import QWEN3_0_6B, Step, make_layers  # noqa: E402
-from gemv import graph_time_us  # noqa: E402
-
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "minisgl" / "kernel"
+BENCHMARKS = Path(__file__).resolve().parent
+KERNEL_DIR = BENCHMARKS.parent / "minisgl" / "kernel"
 NAMES = ["qkv", "attn", "merge", "o", "gate_up", "down"]
 CONTEXT, PAGE, MAX_SEQ_LEN = 1025, 256, 4096
 MAX_PROGRAMS = 4096  # stamps kept per launch
@@ -128,11 +125,14 @@ def load_instrumented(folder: Path, name: str) -> ModuleType:
     return module
 
 
-class Layers(Step):
+class Layers:
     """Qwen3-0.6B's 28 layers at ``m`` rows on the fused path, attention included."""
 
     def __init__(self, cfg: Dict[str, float], m: int, fused: ModuleType, decode: ModuleType) -> None:
-        super().__init__(cfg, m, torch.bfloat16)
+        from fused_decode import Step, make_layers  # GPU only: it brings chapter 21's table helper
+
+        step = Step(cfg, m, torch.bfloat16)
+        self.cfg, self.m, self.residual, self.cos_sin = cfg, m, step.residual, step.cos_sin
         self.fused, self.decode, self.weights = fused, decode, make_layers(cfg, torch.bfloat16)
         kv_heads, d = int(cfg["kv_heads"]), int(cfg["head_dim"])
         pages = -(-CONTEXT // PAGE)
@@ -201,6 +201,10 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         raise SystemExit("layer_timeline needs a Hopper GPU (PDL)")
+    sys.path.insert(0, str(BENCHMARKS))
+    from fused_decode import QWEN3_0_6B
+    from gemv import graph_time_us
+
     from minisgl.kernel import triton_decode, triton_fused
 
     cfg = dict(QWEN3_0_6B)
