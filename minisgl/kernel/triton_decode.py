@@ -45,8 +45,8 @@ BLOCK_T = 64  # tokens per iteration of a program
 NUM_SPLITS = 64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
 NUM_WARPS = 4  # 8 was no faster at batch 1 and slower at batch 2 (H200)
 # The merge: a one-warp program per (request, query head, 32 of the head's dims), whose sums
-# over the chunks stay inside the warp; 0.6 us a layer less than a 4-warp program per head,
-# whose sums crossed warps through shared memory (H200, chapter 19)
+# over the chunks stay inside the warp: 1.4 us a layer against 2.1 for a 4-warp program per
+# head, whose sums crossed warps through shared memory (H200, benchmarks/layer_timeline.py)
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
 
@@ -300,8 +300,8 @@ def decode_attention(
     before the wait). The index tensors are contiguous int32/int64; that every page id lies
     inside the pool is the caller's to ensure (the host cannot read them without a sync).
     Returns ``[B, H_q, D]`` in q's dtype. Two launches: ``B x H_kv x num_splits`` partial
-    programs, then ``B x H_q x D / 32`` one-warp merges. ``D`` must be a power of two of at
-    least 16.
+    programs, then ``B x H_q`` one-warp merges per 32 of the head's dims (one for ``D = 16``).
+    ``D`` must be a power of two of at least 16.
 
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
