@@ -52,15 +52,15 @@ from .pdl import launch_options, use_pdl
 from .triton_gemv import check_gemv_args
 
 # Tiles measured on an H200, in the whole layer's chain of kernels (a layer's ~18 us, not
-# each GEMV alone). A program holds at most MAX_TILE_WEIGHTS weights (16 KiB of bf16) and a
-# GEMV has at least MIN_PROGRAMS programs: BLOCK_N is the largest power of two within both.
-# For Qwen3-0.6B: qkv_proj 8 rows, gate_up_proj 4 (each a gate and an up row), o_proj 4,
-# down_proj 2. The tile bound matters because a kernel's programs hold their weights in
-# registers while they wait, and the next kernel's programs can only start where registers
-# are free (o_proj at 2 rows, 512 programs, cost ~0.4 us a layer more). A whole row of K
-# sits in one tile, so that a program reads all of its weights before its PDL wait
-# (down_proj's K = 3,072 in one masked 4,096-wide tile saved 2 us a layer over three
-# 1,024-wide ones).
+# each GEMV alone). BLOCK_N is the largest power of two that leaves a GEMV at least
+# MIN_PROGRAMS programs and a program at most MAX_TILE_WEIGHTS weights (16 KiB of bf16), and
+# at least 1. For Qwen3-0.6B: qkv_proj 8 rows, gate_up_proj 4 (each a gate and an up row),
+# o_proj 4, down_proj 2. The program floor sets o_proj (4 rows, 256 programs, ~0.4 us a
+# layer faster than 2 rows and 512 programs); the byte bound keeps gate_up_proj and
+# down_proj where the floor alone would double them (gate/up at 8 rows and down at 4 were
+# slower). A whole row of K sits in one tile, so that a program reads all of its weights
+# before its PDL wait (down_proj's K = 3,072 in one masked 4,096-wide tile saved 2 us a
+# layer over three 1,024-wide ones).
 MAX_TILE_WEIGHTS = 8192
 MIN_PROGRAMS = 256
 MAX_BLOCK_N = 8
