@@ -37,7 +37,6 @@ from minisgl import kernel  # noqa: E402
 from minisgl.kernel import pdl as pdl_switch  # noqa: E402
 from minisgl.kernel import triton_fused  # noqa: E402
 from minisgl.layers.rotary import _cos_sin_cache  # noqa: E402
-from minisgl.benchmark.workload import format_table  # noqa: E402
 
 QWEN3_0_6B = dict(hidden=1024, heads=16, kv_heads=8, head_dim=128, intermediate=3072, layers=28, eps=1e-6)
 
@@ -135,6 +134,8 @@ def _fmt(c: triton_fused.FusedGemvConfig) -> str:
 
 
 def main(argv: List[str] | None = None) -> None:
+    from minisgl.benchmark.workload import format_table  # chapter 21's: only main prints tables
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2], help="M: decode batch sizes")
     p.add_argument("--replays", type=int, default=20)
