@@ -11,6 +11,8 @@ ends, and writes the three stamps (and its SM) to a buffer. It runs Qwen3-0.6B's
 layers with random weights (``fused_decode.make_layers``) and a 1,025-token context in one
 CUDA graph, and prints, for each kernel averaged over layers 2-27:
 
+* ``starts``: from the first to the last of its programs starting (a program starts only
+  where an SM has registers free for it);
 * ``boundary``: from the last program of the kernel before ending to the first program of
   this one passing its wait (the cost of the kernel boundary itself);
 * ``spread``: from the first to the last program passing its wait (a program that started
@@ -69,9 +71,11 @@ def _record(stamps_ptr, started, waited):
 
 def instrument(source: str) -> str:
     """The module's source with stamps: a ``STAMPS=None`` argument added to each
-    ``_..._kernel``, a stamp at its start, after ``gdc_wait()``, before each ``return`` and at
-    its end; and ``STAMPS=_next_stamps()`` passed by every launch that passes PDL's options."""
-    lines, out, in_kernel = source.split("\n"), [], False
+    ``_..._kernel``, a stamp at its start, after ``gdc_wait()`` (0 for a program that returns
+    before waiting), before each ``return`` and at its end; and ``STAMPS=_next_stamps()``
+    passed by every launch that passes PDL's options."""
+    lines = source.split("\n") + ["# end"]  # a line at column 0 after the last kernel ends it
+    out, in_kernel = [], False
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -79,7 +83,7 @@ def instrument(source: str) -> str:
             while not lines[i].startswith("):"):
                 out.append(lines[i])
                 i += 1
-            out += ["    STAMPS=None,", lines[i], "    _started = _now()", "    _waited = _started"]
+            out += ["    STAMPS=None,", lines[i], "    _started = _now()", "    _waited = 0 * _started"]
             in_kernel, i = True, i + 1
             continue
         if in_kernel and line and not line.startswith(" "):  # past the kernel's body: stamp its end
@@ -92,7 +96,7 @@ def instrument(source: str) -> str:
         if in_kernel and "tl.extra.cuda.gdc_wait()" in line:
             out.append(re.match(r"(\s*)", line).group(1) + "_waited = _now()")
         i += 1
-    source = "\n".join(out)
+    source = "\n".join(out[:-1])
     source = source.replace("\n\n@triton.jit", STAMPS + "\n\n@triton.jit", 1)
     stamps_import = "from minisgl.kernel._timed_stamps import next_stamps as _next_stamps\n"
     source = source.replace("from .pdl import", stamps_import + "from .pdl import", 1)
@@ -176,18 +180,24 @@ def capture(calls: List, stamps: Stamps) -> torch.cuda.CUDAGraph:
 
 
 def report(buffer: torch.Tensor, m: int) -> None:
-    """The per-kernel table from one replay's stamps (us)."""
+    """The per-kernel table from one replay's stamps (us). The stamps are nanoseconds since
+    1970 (~1.8e18): differences are taken in int64, since a float64 that large is exact only
+    to 256 ns."""
+    stamps = buffer.cpu()
+    origin = int(stamps[..., 0][stamps[..., 0] > 0].min())
     kernels = []
-    for block in buffer.cpu():
-        ran = block[block[:, 0] > 0].double() / 1e3
-        waited = ran[ran[:, 1] != ran[:, 0]]  # the programs that waited (an empty chunk's returns first)
-        kernels.append(dict(wait_first=float(waited[:, 1].min()), wait_last=float(waited[:, 1].max()),
-                            end_last=float(ran[:, 2].max())))
+    for block in stamps:
+        ran = block[block[:, 0] > 0]
+        waited = ran[ran[:, 1] > 0]  # an empty chunk's program returns before its wait
+        start, wait, end = ((t - origin).double() / 1e3 for t in (ran[:, 0], waited[:, 1], ran[:, 2]))
+        kernels.append(dict(start_first=float(start.min()), start_last=float(start.max()),
+                            wait_first=float(wait.min()), wait_last=float(wait.max()), end_last=float(end.max())))
     print(f"batch {m}: us per kernel, averaged over layers 2-27")
-    print("kernel   | boundary | spread | after | total")
+    print("kernel   | starts | boundary | spread | after | total")
     for j, name in enumerate(NAMES):
         rows = [(kernels[6 * layer + j], kernels[6 * layer + j - 1]) for layer in range(2, 28)]
-        cols = [[k["wait_first"] - prev["end_last"] for k, prev in rows],
+        cols = [[k["start_last"] - k["start_first"] for k, _ in rows],
+                [k["wait_first"] - prev["end_last"] for k, prev in rows],
                 [k["wait_last"] - k["wait_first"] for k, _ in rows],
                 [k["end_last"] - k["wait_last"] for k, _ in rows],
                 [k["end_last"] - prev["end_last"] for k, prev in rows]]
@@ -197,7 +207,8 @@ def report(buffer: torch.Tensor, m: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2], choices=[1, 2],
+                   help="decode batch sizes (the fused path takes one or two rows)")
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         raise SystemExit("layer_timeline needs a Hopper GPU (PDL)")

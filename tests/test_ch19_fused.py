@@ -192,9 +192,10 @@ def test_the_kernel_chain_benchmark_compiles_for_hopper():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
 def test_the_layer_timeline_instruments_every_fused_kernel(tmp_path, monkeypatch):
-    """``benchmarks/layer_timeline.py`` patches copies of the kernel modules' source: each
-    kernel must still compile for sm_90 with its three timer reads, and every launch must
-    pass its stamps buffer (a kernel or launch the patterns miss would time nothing)."""
+    """``benchmarks/layer_timeline.py`` patches copies of the kernel modules' source: every
+    kernel must get its stamps (start, wait, each return and end) and every launch its stamps
+    buffer (a kernel or launch the patterns miss would time nothing), and the instrumented
+    layer kernels must still compile for sm_90 with their timer reads."""
     import types
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -206,21 +207,39 @@ def test_the_layer_timeline_instruments_every_fused_kernel(tmp_path, monkeypatch
     for name in ("triton_fused", "triton_decode"):
         source = (layer_timeline.KERNEL_DIR / f"{name}.py").read_text()
         kernels = len(re.findall(r"^def _\w+_kernel\($", source, re.M))
+        bodies = re.findall(r"^def _\w+_kernel\(.*?^\):\n(.*?)(?=^\S)", source, re.M | re.S)  # to the next top-level line
+        returns = sum(len(re.findall(r"^\s+return\b", body, re.M)) for body in bodies)  # the early exits
         launches = source.count("**launch_options(pdl),")
         timed = layer_timeline.instrument(source)
         assert timed.count("STAMPS=_next_stamps()") == launches == kernels, name
-        assert timed.count("_waited = _now()") == kernels and timed.count("_record(STAMPS") >= kernels, name
+        assert timed.count("_waited = _now()") == kernels, name
+        assert timed.count("_record(STAMPS") == kernels + returns, name
+        # a kernel that ends the file still gets its end stamp
+        last = layer_timeline.instrument("def _k_kernel(\n    x,\n):\n    y = x")
+        assert last.rstrip().endswith("_record(STAMPS, _started, _waited)"), last
     try:
         fused = layer_timeline.load_instrumented(tmp_path, "triton_fused")
+        decode = layer_timeline.load_instrumented(tmp_path, "triton_decode")
     finally:
-        sys.modules.pop("minisgl.kernel._timed_triton_fused", None)
-    bf, i32 = "*bf16", "i32"
-    code = _ptx_for_hopper(fused._fused_gemv_kernel, dict(
+        for name in ("triton_fused", "triton_decode"):
+            sys.modules.pop(f"minisgl.kernel._timed_{name}", None)
+    bf, i32, f32 = "*bf16", "i32", "fp32"
+    codes = [_ptx_for_hopper(fused._fused_gemv_kernel, dict(
         x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32, stride_xm=i32,
-        stride_wn=i32, stride_rm=i32, stride_om=i32, eps="fp32", STAMPS="*i64"), dict(
+        stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32, STAMPS="*i64"), dict(
         K=1024, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NORM=True, SWIGLU=False, ADD_RESIDUAL=False, HAS_BIAS=False,
-        PDL=True))
-    assert code.count("%globaltimer") == 3 and "griddepcontrol.wait" in code
+        PDL=True))]
+    codes.append(_ptx_for_hopper(decode._decode_partial_kernel, dict(
+        q_ptr=bf, k_ptr=bf, v_ptr=bf, indptr_ptr="*i32", page_ids_ptr="*i32", last_len_ptr="*i32",
+        part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", cos_sin_ptr="*fp32",
+        q_norm_ptr=bf, k_norm_ptr=bf, sm_scale=f32, stride_slot=i32, num_splits=i32, stride_q=i32, eps=f32,
+        STAMPS="*i64"), dict(MAX_ITERS=1, GROUP=2, BLOCK_G=16, HEAD_DIM=128, NUM_KV_HEADS=8, PAGE=256,
+                             BLOCK_T=64, PDL=True, FROM_QKV=True, HAS_QK_NORM=True)))
+    codes.append(_ptx_for_hopper(decode._decode_merge_kernel, dict(
+        part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, indptr_ptr="*i32", last_len_ptr="*i32", num_splits=i32,
+        STAMPS="*i64"), dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=64, BLOCK_S=64, BLOCK_D=32, PDL=True), 1))
+    for code in codes:  # start, after the wait, end (and the early return's, in the partial kernel)
+        assert code.count("%globaltimer") >= 3 and "griddepcontrol.wait" in code
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
@@ -398,6 +417,10 @@ for page, lens, hq, hkv in ((1, [37, 100], 4, 2), (4, [5], 8, 2), (16, [130, 1],
         err = float((got - want).abs().max())
         assert err < 1e-5, (page, lens, norm, err)
         assert torch.allclose(args[6], k_ref, atol=1e-6) and torch.equal(args[7], v_ref), "the stored K/V"
+# 64 dims: two merge programs per head, each over 32 of them
+q, k_slots, v_slots, index, want = paged_decode_case(4, [70], 4, 2, 64, torch.float32, "cpu")
+got = decode_attention(q, k_slots, v_slots, *index, 4, 64 ** -0.5, max_seq_len=200, num_splits=4)
+assert float((got - want).abs().max()) < 1e-5, "64 dims"
 # an empty chunk's program writes no partial and the merge reads none: poisoned with NaN, they change nothing
 real_empty = torch.empty
 torch.empty = lambda *shape, **kw: real_empty(*shape, **kw).fill_(float("nan"))
