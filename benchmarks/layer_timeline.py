@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List
+from typing import Dict
 
 import torch
 
@@ -160,25 +160,6 @@ class Layers:
         self.fused.gemv_add_residual_(act, w["down"], res)
 
 
-def capture(calls: List, stamps: Stamps) -> torch.cuda.CUDAGraph:
-    """``calls`` in one CUDA graph, after a warm-up run (compilation) on a side stream."""
-
-    def run() -> None:
-        stamps.count = 0  # each run's launches take the blocks from the first
-        for fn in calls:
-            fn()
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph
-
-
 def report(buffer: torch.Tensor, m: int) -> None:
     """The per-kernel table from one replay's stamps (us). The stamps are nanoseconds since
     1970 (~1.8e18): differences are taken in int64, since a float64 that large is exact only
@@ -227,12 +208,10 @@ def main() -> None:
             plain = Layers(cfg, m, triton_fused, triton_decode)
             plain_us = graph_time_us([lambda i=i: plain.layer(i) for i in range(len(plain.weights))], 30)
             timed = Layers(cfg, m, fused, decode)
-            graph = capture([lambda i=i: timed.layer(i) for i in range(len(timed.weights))], stamps)
-            for _ in range(5):
-                graph.replay()
-            stamps.buffer.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
+            # the warm-up and the capture each hand out the stamp blocks from the first; every
+            # replay rewrites them, so after the timing they hold the last replay's stamps
+            restart = lambda: setattr(stamps, "count", 0)  # noqa: E731
+            graph_time_us([restart] + [lambda i=i: timed.layer(i) for i in range(len(timed.weights))], 5)
             print(f"batch {m}: a layer takes {plain_us:.2f} us without the stamps (28 layers in one CUDA graph)")
             report(stamps.buffer, m)
 
