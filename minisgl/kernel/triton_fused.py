@@ -88,10 +88,11 @@ def fused_gemv_config(m: int, n: int, k: int, swiglu: bool = False) -> FusedGemv
     ValueError for a non-positive size."""
     if m < 1 or n < 1 or k < 1:
         raise ValueError(f"gemv needs positive sizes, got M={m}, N={n}, K={k}")
-    row = k * (2 if swiglu else 1)  # weights per output: SwiGLU reads a gate row and an up row
-    block_n = min(MAX_BLOCK_N, 1 << max(0, min(n // MIN_PROGRAMS, MAX_TILE_WEIGHTS // row).bit_length() - 1))
+    rows_per_output = 2 if swiglu else 1  # SwiGLU reads a gate row and an up row
+    block_n = min(n // MIN_PROGRAMS, MAX_TILE_WEIGHTS // (k * rows_per_output))
+    block_n = min(MAX_BLOCK_N, 1 << max(0, block_n.bit_length() - 1))
     block_m, block_k = triton.next_power_of_2(m), min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    per_thread = lambda bk, warps: block_m * block_n * bk * (2 if swiglu else 1) // (32 * warps)  # noqa: E731
+    per_thread = lambda bk, warps: block_m * block_n * bk * rows_per_output // (32 * warps)  # noqa: E731
     num_warps = 4 if per_thread(block_k, 4) <= MAX_ACC_PER_THREAD else 8
     while block_k > 16 and per_thread(block_k, num_warps) > MAX_ACC_PER_THREAD:
         block_k //= 2
