@@ -126,6 +126,21 @@ def test_every_qwen3_gemv_reads_its_whole_row_before_the_pdl_wait(m):
     assert wide.block_k == tf.MAX_BLOCK_K
 
 
+# the batch-1 kernels' argument types as the engine launches them, and Qwen3-0.6B's split-KV constants
+_BF, _I32, _F32 = "*bf16", "i32", "fp32"
+GEMV_TYPES = dict(x_ptr=_BF, w_ptr=_BF, bias_ptr=_BF, norm_w_ptr=_BF, res_ptr=_BF, out_ptr=_BF, M=_I32, N=_I32,
+                  stride_xm=_I32, stride_wn=_I32, stride_rm=_I32, stride_om=_I32, eps=_F32)
+PARTIAL_TYPES = dict(q_ptr=_BF, k_ptr=_BF, v_ptr=_BF, indptr_ptr="*i32", page_ids_ptr="*i32", last_len_ptr="*i32",
+                     part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", cos_sin_ptr="*fp32",
+                     q_norm_ptr=_BF, k_norm_ptr=_BF, sm_scale=_F32, stride_slot=_I32, num_splits=_I32, stride_q=_I32,
+                     eps=_F32)
+PARTIAL_QWEN3 = dict(MAX_ITERS=1, GROUP=2, BLOCK_G=16, HEAD_DIM=128, NUM_KV_HEADS=8, PAGE=256, BLOCK_T=64,
+                     PDL=True, HAS_QK_NORM=True)
+MERGE_TYPES = dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=_BF, indptr_ptr="*i32", last_len_ptr="*i32",
+                   num_splits=_I32)
+MERGE_QWEN3 = dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=64, BLOCK_S=64, BLOCK_D=32, PDL=True)
+
+
 def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -> str:
     """``kernel`` compiled for sm_90 (an H100/H200) by Triton's compiler and its bundled ptxas,
     on this machine, GPU or not; returns the PTX. Arguments not in ``types`` are constexprs."""
@@ -146,32 +161,23 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     one start."""
     from minisgl.kernel import triton_decode as td, triton_fused as tf
 
-    bf, i32, f32 = "*bf16", "i32", "fp32"
     ptx = []
-    gemv_types = dict(x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32,
-                      stride_xm=i32, stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32)
     for m, n, k, norm, swiglu in ((1, 4096, 1024, True, False), (1, 3072, 1024, True, True),
                                   (1, 1024, 2048, False, False), (2, 1024, 3072, False, False),
                                   (1, 576, 576, False, False)):  # SmolLM2's o_proj: two rows of 576
         cfg = tf.fused_gemv_config(m, n, k, swiglu)
-        ptx.append(_ptx_for_hopper(tf._fused_gemv_kernel, gemv_types, dict(
+        ptx.append(_ptx_for_hopper(tf._fused_gemv_kernel, GEMV_TYPES, dict(
             K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, NORM=norm, SWIGLU=swiglu,
             ADD_RESIDUAL=not norm, HAS_BIAS=False, PDL=True), cfg.num_warps))
     ptx.append(_ptx_for_hopper(tf._qk_norm_rope_store_kernel, dict(
-        qkv_ptr=bf, q_out_ptr=bf, k_slots_ptr=bf, v_slots_ptr=bf, loc_ptr="*i32", pos_ptr="*i64",
-        cos_sin_ptr="*fp32", q_norm_ptr=bf, k_norm_ptr=bf, stride_qkv=i32, stride_slot=i32, eps=f32),
+        qkv_ptr=_BF, q_out_ptr=_BF, k_slots_ptr=_BF, v_slots_ptr=_BF, loc_ptr="*i32", pos_ptr="*i64",
+        cos_sin_ptr="*fp32", q_norm_ptr=_BF, k_norm_ptr=_BF, stride_qkv=_I32, stride_slot=_I32, eps=_F32),
         dict(NUM_QO_HEADS=16, NUM_KV_HEADS=8, HEAD_DIM=128, HAS_QK_NORM=True, PDL=True)))
+    assert PARTIAL_QWEN3["BLOCK_T"] == td.BLOCK_T and MERGE_QWEN3["BLOCK_D"] == td.MERGE_BLOCK_D
     for from_qkv in (False, True):
-        ptx.append(_ptx_for_hopper(td._decode_partial_kernel, dict(
-            q_ptr=bf, k_ptr=bf, v_ptr=bf, indptr_ptr="*i32", page_ids_ptr="*i32", last_len_ptr="*i32",
-            part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", cos_sin_ptr="*fp32",
-            q_norm_ptr=bf, k_norm_ptr=bf, sm_scale=f32, stride_slot=i32, num_splits=i32, stride_q=i32, eps=f32),
-            dict(MAX_ITERS=1, GROUP=2, BLOCK_G=16, HEAD_DIM=128, NUM_KV_HEADS=8, PAGE=256, BLOCK_T=td.BLOCK_T,
-                 PDL=True, FROM_QKV=from_qkv, HAS_QK_NORM=True), td.NUM_WARPS))
-    ptx.append(_ptx_for_hopper(td._decode_merge_kernel, dict(
-        part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, indptr_ptr="*i32", last_len_ptr="*i32", num_splits=i32),
-        dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=td.BLOCK_T, BLOCK_S=64, BLOCK_D=td.MERGE_BLOCK_D,
-             PDL=True), td.MERGE_WARPS))
+        ptx.append(_ptx_for_hopper(td._decode_partial_kernel, PARTIAL_TYPES, dict(PARTIAL_QWEN3, FROM_QKV=from_qkv),
+                                   td.NUM_WARPS))
+    ptx.append(_ptx_for_hopper(td._decode_merge_kernel, MERGE_TYPES, MERGE_QWEN3, td.MERGE_WARPS))
     for code in ptx:
         assert "griddepcontrol.wait" in code and "griddepcontrol.launch_dependents" in code
 
@@ -207,37 +213,31 @@ def test_the_layer_timeline_instruments_every_fused_kernel(tmp_path, monkeypatch
     for name in ("triton_fused", "triton_decode"):
         source = (layer_timeline.KERNEL_DIR / f"{name}.py").read_text()
         kernels = len(re.findall(r"^def _\w+_kernel\($", source, re.M))
-        bodies = re.findall(r"^def _\w+_kernel\(.*?^\):\n(.*?)(?=^\S)", source, re.M | re.S)  # to the next top-level line
+        # each kernel's body, up to the next top-level line
+        bodies = re.findall(r"^def _\w+_kernel\(.*?^\):\n(.*?)(?=^\S)", source, re.M | re.S)
         returns = sum(len(re.findall(r"^\s+return\b", body, re.M)) for body in bodies)  # the early exits
         launches = source.count("**launch_options(pdl),")
         timed = layer_timeline.instrument(source)
         assert timed.count("STAMPS=_next_stamps()") == launches == kernels, name
         assert timed.count("_waited = _now()") == kernels, name
         assert timed.count("_record(STAMPS") == kernels + returns, name
-        # a kernel that ends the file still gets its end stamp
-        last = layer_timeline.instrument("def _k_kernel(\n    x,\n):\n    y = x")
-        assert last.rstrip().endswith("_record(STAMPS, _started, _waited)"), last
+    # a kernel that ends the file still gets its end stamp
+    last = layer_timeline.instrument("def _k_kernel(\n    x,\n):\n    y = x")
+    assert last.rstrip().endswith("_record(STAMPS, _started, _waited)"), last
     try:
         fused = layer_timeline.load_instrumented(tmp_path, "triton_fused")
         decode = layer_timeline.load_instrumented(tmp_path, "triton_decode")
     finally:
         for name in ("triton_fused", "triton_decode"):
             sys.modules.pop(f"minisgl.kernel._timed_{name}", None)
-    bf, i32, f32 = "*bf16", "i32", "fp32"
-    codes = [_ptx_for_hopper(fused._fused_gemv_kernel, dict(
-        x_ptr=bf, w_ptr=bf, bias_ptr=bf, norm_w_ptr=bf, res_ptr=bf, out_ptr=bf, M=i32, N=i32, stride_xm=i32,
-        stride_wn=i32, stride_rm=i32, stride_om=i32, eps=f32, STAMPS="*i64"), dict(
-        K=1024, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NORM=True, SWIGLU=False, ADD_RESIDUAL=False, HAS_BIAS=False,
-        PDL=True))]
-    codes.append(_ptx_for_hopper(decode._decode_partial_kernel, dict(
-        q_ptr=bf, k_ptr=bf, v_ptr=bf, indptr_ptr="*i32", page_ids_ptr="*i32", last_len_ptr="*i32",
-        part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i64", loc_ptr="*i32", cos_sin_ptr="*fp32",
-        q_norm_ptr=bf, k_norm_ptr=bf, sm_scale=f32, stride_slot=i32, num_splits=i32, stride_q=i32, eps=f32,
-        STAMPS="*i64"), dict(MAX_ITERS=1, GROUP=2, BLOCK_G=16, HEAD_DIM=128, NUM_KV_HEADS=8, PAGE=256,
-                             BLOCK_T=64, PDL=True, FROM_QKV=True, HAS_QK_NORM=True)))
-    codes.append(_ptx_for_hopper(decode._decode_merge_kernel, dict(
-        part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=bf, indptr_ptr="*i32", last_len_ptr="*i32", num_splits=i32,
-        STAMPS="*i64"), dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=64, BLOCK_S=64, BLOCK_D=32, PDL=True), 1))
+    codes = [
+        _ptx_for_hopper(fused._fused_gemv_kernel, dict(GEMV_TYPES, STAMPS="*i64"), dict(
+            K=1024, BLOCK_M=1, BLOCK_N=8, BLOCK_K=1024, NORM=True, SWIGLU=False, ADD_RESIDUAL=False, HAS_BIAS=False,
+            PDL=True)),
+        _ptx_for_hopper(decode._decode_partial_kernel, dict(PARTIAL_TYPES, STAMPS="*i64"),
+                        dict(PARTIAL_QWEN3, FROM_QKV=True)),
+        _ptx_for_hopper(decode._decode_merge_kernel, dict(MERGE_TYPES, STAMPS="*i64"), MERGE_QWEN3, 1),
+    ]
     for code in codes:  # start, after the wait, end (and the early return's, in the partial kernel)
         assert code.count("%globaltimer") >= 3 and "griddepcontrol.wait" in code
 
