@@ -285,8 +285,14 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_for_replay(self, batch: Batch) -> None:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         meta.wrapper = self.graph_wrappers[batch.padded_size]
-        self._plan(meta)  # copies this batch's index into the graph's fixed buffers
-        if meta.small_decode is not None:  # the split-KV kernel reads those buffers too
-            bs = batch.padded_size
-            meta.small_decode = (self._graph_kv_indptr[: bs + 1], self._graph_kv_page_ids,
-                                 self._graph_kv_last_page_len[:bs])
+        if meta.small_decode is None:
+            self._plan(meta)  # copies this batch's index into the graph's fixed buffers
+            return
+        # The split-KV kernel reads only the index: three copies into the same buffers and no
+        # plan, whose host work and copies sit between the step's start and the replay
+        # (batch 1 on an H200: 0.599 ms a step without them, 0.610 with them; chapter 19)
+        bs = batch.padded_size
+        graph_index = (self._graph_kv_indptr[: bs + 1], self._graph_kv_page_ids, self._graph_kv_last_page_len[:bs])
+        for buffer, values in zip(graph_index, meta.small_decode):
+            buffer[: values.numel()].copy_(values)
+        meta.small_decode = graph_index
