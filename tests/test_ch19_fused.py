@@ -141,15 +141,18 @@ MERGE_TYPES = dict(part_o_ptr="*fp32", part_lse_ptr="*fp32", out_ptr=_BF, indptr
 MERGE_QWEN3 = dict(NUM_QO_HEADS=16, HEAD_DIM=128, PAGE=256, BLOCK_T=64, BLOCK_S=64, BLOCK_D=32, PDL=True)
 
 
-def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4) -> str:
+def _ptx_for_hopper(kernel, types: dict, constexprs: dict, num_warps: int = 4, aligned: tuple = ()) -> str:
     """``kernel`` compiled for sm_90 (an H100/H200) by Triton's compiler and its bundled ptxas,
-    on this machine, GPU or not; returns the PTX. Arguments not in ``types`` are constexprs."""
+    on this machine, GPU or not; returns the PTX. Arguments not in ``types`` are constexprs;
+    those in ``aligned`` are known multiples of 16 (as Triton specialises a launch whose
+    pointers and strides are), without which it cannot vectorise their loads."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in aligned}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
 
 
@@ -180,6 +183,39 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
     ptx.append(_ptx_for_hopper(td._decode_merge_kernel, MERGE_TYPES, MERGE_QWEN3, td.MERGE_WARPS))
     for code in ptx:
         assert "griddepcontrol.wait" in code and "griddepcontrol.launch_dependents" in code
+
+
+def test_the_lm_head_grid_covers_the_vocabulary_two_programs_per_sm():
+    from minisgl.kernel import triton_lm_head as tlh
+
+    for n, sms in ((151936, 132), (49152, 132), (100, 132), (8, 4)):
+        cfg = tlh.lm_head_config(n, sms)
+        tiles = -(-n // cfg.block_n)
+        assert cfg.programs == min(tiles, tlh.LM_HEAD_PROGRAMS_PER_SM * sms)
+        assert cfg.programs * (cfg.iters - 1) < tiles <= cfg.programs * cfg.iters  # no program walks only empty tiles
+    with pytest.raises(ValueError):
+        tlh.lm_head_config(0, 132)
+    x, w = torch.randn(1, 16), torch.randn(8, 16)
+    for bad in (dict(norm_weight=torch.ones(8)), dict(x=torch.randn(1, 5000), weight=torch.randn(8, 5000),
+                                                      norm_weight=torch.ones(5000)), dict(weight=torch.randn(8, 12))):
+        with pytest.raises(ValueError):
+            tlh.norm_lm_head(**{**dict(x=x, norm_weight=torch.ones(16), eps=1e-6, weight=w), **bad})
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_lm_head_kernel_compiles_for_hopper_with_its_pipeline():
+    """As the engine launches it on an H200 at Qwen3-0.6B's shapes: Triton's software
+    pipeline turns the loop's loads into asynchronous copies, and the kernel, launched
+    without PDL, has no PDL wait or trigger."""
+    from minisgl.kernel import triton_lm_head as tlh
+
+    cfg = tlh.lm_head_config(151936, 132)
+    types = dict(x_ptr=_BF, norm_w_ptr=_BF, w_ptr=_BF, out_ptr=_BF, M=_I32, N=_I32, stride_xm=_I32,
+                 stride_wn=_I32, stride_om=_I32, eps=_F32)
+    ptx = _ptx_for_hopper(tlh._norm_lm_head_kernel, types, dict(
+        K=1024, BLOCK_M=1, BLOCK_N=cfg.block_n, BLOCK_K=1024, ITERS=cfg.iters, STAGES=cfg.stages), cfg.num_warps,
+        aligned=("x_ptr", "norm_w_ptr", "w_ptr", "out_ptr", "stride_wn"))
+    assert "cp.async.cg.shared.global" in ptx and "griddepcontrol" not in ptx
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
@@ -300,7 +336,7 @@ def test_the_references_are_the_unfused_ops():
 
 KERNEL_SCRIPT = """
 import torch
-from minisgl.kernel import torch_ops, triton_fused as tf
+from minisgl.kernel import torch_ops, triton_fused as tf, triton_lm_head as tlh
 from minisgl.layers.rotary import _cos_sin_cache
 
 def check(got, ref, what, tol):
@@ -345,6 +381,12 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a fe
         check(slots[0], slots[2], what + " k", tol)
         assert torch.equal(slots[1], slots[3]), what + " v"  # a copy
         assert not slots[0][[0, 1, 3, 4, 5, 6, 8, 10, 11]].any(), what + " wrote outside out_loc"
+    # the LM head: 4 programs walk 13 or 5 tiles of 8 rows (the last tile, and a program's last turn, masked)
+    for m in (1, 2):
+        for n, k in ((100, 64), (37, 40)):
+            x, nw, w = torch.randn(m, k).to(dtype), (1 + 0.1 * torch.randn(k)).to(dtype), torch.randn(n, k).to(dtype)
+            check(tlh.norm_lm_head(x, nw, 1e-6, w), torch_ops.norm_linear(x.float(), nw.float(), 1e-6, w.float()),
+                  f"norm_lm_head {dtype} M={m} N={n} K={k}", tol)
 print("kernels ok")
 """
 
@@ -358,17 +400,19 @@ kernel.use_triton = lambda x: True  # the interpreter runs Triton on CPU tensors
 import minisgl.kernel.triton_fused as tf
 # wide tiles, so the interpreter runs a few programs, not hundreds (the kernel test runs the real tiles)
 tf.fused_gemv_config = lambda m, n, k, swiglu=False: tf.FusedGemvConfig(2, 64, 64, 4)
+import minisgl.kernel.triton_lm_head as tlh
+tlh.lm_head_config = lambda n, sms: tlh.LMHeadConfig(4, 1024, -(-n // 4096), 4, 1)
 engine = _cpu_engine(path)
 tokens, plain = _logits(engine, path, 2)
 model_utils.use_fused_decode = lambda x: x.shape[0] <= 2
 calls = []
-for name in ("norm_gemv", "gemv_add_residual_", "qk_norm_rope_store"):
-    real = getattr(tf, name)
-    setattr(tf, name, (lambda f: lambda *a, **kw: calls.append(f.__name__) or f(*a, **kw))(real))
+for module, name in ((tf, "norm_gemv"), (tf, "gemv_add_residual_"), (tf, "qk_norm_rope_store"), (tlh, "norm_lm_head")):
+    real = getattr(module, name)
+    setattr(module, name, (lambda f: lambda *a, **kw: calls.append(f.__name__) or f(*a, **kw))(real))
 _, fused = _logits(engine, path, 2, forced=tokens)
 layers = len(engine.model.model.layers)
-assert sorted(set(calls)) == ["gemv_add_residual_", "norm_gemv", "qk_norm_rope_store"], calls
-assert len(calls) == 5 * layers * 3, len(calls)  # five kernels a layer, three decode steps
+assert sorted(set(calls)) == ["gemv_add_residual_", "norm_gemv", "norm_lm_head", "qk_norm_rope_store"], calls
+assert len(calls) == (5 * layers + 1) * 3, len(calls)  # five kernels a layer and the LM head's, three decode steps
 for step, (a, b) in enumerate(zip(fused, plain)):
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m: f"step {step}: {m}")
 
@@ -518,6 +562,7 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
     """bf16 kernels against float32 math on the same bf16 inputs: 2**-6 of the largest
     output covers the few roundings the kernels make on purpose; a wrong tile is far off."""
     from minisgl.kernel import triton_fused as tf
+    from minisgl.kernel.triton_lm_head import norm_lm_head
     from minisgl.layers.rotary import _cos_sin_cache
 
     c, dev, bf = QWEN3_LAYER, "cuda", torch.bfloat16
@@ -531,6 +576,8 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
         "gate_up": (tf.norm_gemv(x, nw, 1e-6, w := rand(2 * i, h, scale=h**-0.5), swiglu=True),
                     torch_ops.norm_linear(x.float(), nw.float(), 1e-6, w.float(), swiglu=True)),
     }
+    w = rand(151936, h, scale=h**-0.5)  # Qwen3's vocabulary: the persistent LM head and its final norm
+    cases["lm_head"] = (norm_lm_head(x, nw, 1e-6, w), torch_ops.norm_linear(x.float(), nw.float(), 1e-6, w.float()))
     for name, (n, k) in {"o": (h, 2048), "down": (h, i)}.items():
         a, w, r = rand(m, k), rand(n, k, scale=k**-0.5), rand(m, n)
         want = torch_ops.linear_add_residual_(a.float(), w.float(), r.float())
@@ -615,9 +662,15 @@ def test_the_fused_path_replays_in_a_cuda_graph():
     equal the eager ones, and the residual stream updated in place survives replay."""
     path, engine = _gpu_engine(page_size=16, graphs=2)
     assert engine.graph_runner.graph_bs == [1, 2]
+    backend, graph_plans = engine.attn_backend, []
+    real_plan = backend._plan
+    backend._plan = lambda meta: graph_plans.append(meta.wrapper in backend.graph_wrappers.values()) or real_plan(meta)
     for n in (1, 2):
         ids = [hf_encode(path, p) for p in PROMPTS[:n]]
         eager, _ = manual.greedy(engine, manual.place(engine, ids, 16), 16, use_graph=False)
         graph, _ = manual.greedy(engine, manual.place(engine, ids, 16), 16, use_graph=True)
         assert graph == eager, f"{n} prompt(s)"
+    # a replay on the split-KV kernel only copies the index into the graph's buffers: the
+    # prefills planned FlashInfer's prefill wrapper, no replay planned a decode wrapper
+    assert graph_plans and not any(graph_plans), graph_plans
     engine.shutdown()

@@ -13,7 +13,8 @@ input and picks:
   on CUDA, unless ``MINISGL_DISABLE_GEMV=1``; ``F.linear`` (cuBLAS on CUDA) for every other
   linear layer;
 * Triton (``triton_fused``, chapter 19) for the fused decode path of a decoder layer
-  (``norm_linear``, ``linear_add_residual_``, ``qk_norm_rope_store``), which the model
+  (``norm_linear``, ``linear_add_residual_``, ``qk_norm_rope_store``) and of the final
+  norm with the LM head (``norm_lm_head``, ``triton_lm_head``), which the model
   takes when ``use_fused_decode`` says so: the GEMV's conditions, unless
   ``MINISGL_DISABLE_FUSED_DECODE=1``; the same switch governs the split-KV decode
   attention (``triton_decode``) the FlashInfer backend uses for one or two requests
@@ -198,6 +199,18 @@ def norm_linear(
 
         return triton_fused.norm_gemv(x, norm_weight, eps, weight, bias, swiglu)
     return torch_ops.norm_linear(x, norm_weight, eps, weight, bias, swiglu)
+
+
+def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """Logits ``linear(rms_norm(x, norm_weight, eps), weight)``: ``x: [M, K]`` (the residual
+    stream of a fused decode batch, before the final norm), ``weight: [V, K]`` -> ``[M, V]``.
+    One persistent Triton kernel on CUDA (``triton_lm_head.norm_lm_head``), else
+    ``torch_ops.norm_linear``."""
+    if use_triton(x) and introduced("triton_lm_head"):
+        from . import triton_lm_head
+
+        return triton_lm_head.norm_lm_head(x, norm_weight, eps, weight)
+    return torch_ops.norm_linear(x, norm_weight, eps, weight)
 
 
 def linear_add_residual_(

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import embedding_gather, linear
+from minisgl.kernel import embedding_gather, linear, norm_lm_head
 
 from .base import BaseOP
 from .shard import vocab_range
@@ -56,12 +56,23 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch = get_global_ctx().batch
-        if batch.is_prefill:
-            x = x[batch.attn_metadata.get_last_indices(batch.padded_size)]
+        x = self._rows_to_project(x)
         logits = linear(x, self.weight)  # [B, ceil(V / tp)]: equal on every rank
         if self._tp_size > 1:
             # gather along dim 0 (the collective's), then cut the padding rows' logits off;
             # contiguous again, since FlashInfer's sampling kernels take only contiguous logits
             logits = self._comm.all_gather(logits.T.contiguous()).T[:, : self.num_embeddings].contiguous()
         return logits
+
+    def forward_with_norm(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """``forward(rms_norm(x, norm_weight, eps))`` on one rank, with the norm inside the
+        LM head's kernel (``kernel.norm_lm_head``): the fused decode path of chapter 19,
+        whose ``x`` is the residual stream before the model's final norm."""
+        if self._tp_size > 1:
+            raise ValueError("the LM head takes the norm in only on one rank")
+        return norm_lm_head(self._rows_to_project(x), norm_weight, eps, self.weight)
+
+    def _rows_to_project(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows whose logits are kept: every row in decode, each request's last in prefill."""
+        batch = get_global_ctx().batch
+        return x[batch.attn_metadata.get_last_indices(batch.padded_size)] if batch.is_prefill else x

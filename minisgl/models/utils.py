@@ -8,7 +8,7 @@ Mirrors upstream ``minisgl.models.utils``.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -126,15 +126,22 @@ class DecoderModel(BaseOP):
         self._fusable = get_tp_info().size == 1 and all(isinstance(layer.mlp, GatedMLP) for layer in self.layers)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x, residual = self.forward_layers(input_ids)
+        return self.norm.forward(x, residual)[0]
+
+    def forward_layers(self, input_ids: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Everything but the final norm: ``(x, residual)`` for ``self.norm``. On the fused
+        decode path ``residual`` is None and ``x`` is the residual stream itself, which
+        ``CausalLM`` hands to the LM head's kernel with the norm (chapter 19)."""
         x, residual = self.embed_tokens.forward(input_ids), None
         fused = self._fusable and use_fused_decode(x) and get_global_ctx().attn_backend.accepts_stored_kv
         if fused:  # a batch of 1-2 tokens on CUDA: chapter 19
             for layer in self.layers:
                 layer.forward_fused(x)  # x is the residual stream, updated in place
-            return self.norm.forward(x, None)[0]
+            return x, None
         for layer in self.layers:
             x, residual = layer.forward(x, residual)
-        return self.norm.forward(x, residual)[0]
+        return x, residual
 
 
 class CausalLM(BaseLLMModel):
@@ -152,5 +159,8 @@ class CausalLM(BaseLLMModel):
         return GatedMLP(config)
 
     def forward(self) -> torch.Tensor:
-        hidden = self.model.forward(get_global_ctx().batch.input_ids)
-        return self.lm_head.forward(hidden)
+        x, residual = self.model.forward_layers(get_global_ctx().batch.input_ids)
+        norm = self.model.norm
+        if residual is None:  # the fused decode path: the final norm inside the LM head's kernel
+            return self.lm_head.forward_with_norm(x, norm.weight, norm.eps)
+        return self.lm_head.forward(norm.forward(x, residual)[0])
