@@ -185,14 +185,16 @@ def test_the_batch_1_kernels_compile_for_hopper_with_pdl():
         assert "griddepcontrol.wait" in code and "griddepcontrol.launch_dependents" in code
 
 
-def test_the_lm_head_grid_covers_the_vocabulary_two_programs_per_sm():
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+def test_the_lm_head_grid_covers_the_vocabulary_two_programs_per_sm(monkeypatch):
+    import minisgl.kernel as kernel
     from minisgl.kernel import triton_lm_head as tlh
 
     for n, sms in ((151936, 132), (49152, 132), (100, 132), (8, 4)):
         cfg = tlh.lm_head_config(n, sms)
         tiles = -(-n // cfg.block_n)
-        assert cfg.programs == min(tiles, tlh.LM_HEAD_PROGRAMS_PER_SM * sms)
-        assert cfg.programs * (cfg.iters - 1) < tiles <= cfg.programs * cfg.iters  # no program walks only empty tiles
+        assert cfg.programs <= tlh.LM_HEAD_PROGRAMS_PER_SM * sms and cfg.programs <= tiles  # none without a tile
+        assert cfg.programs * (cfg.iters - 1) < tiles <= cfg.programs * cfg.iters  # every tile, no turn to spare
     with pytest.raises(ValueError):
         tlh.lm_head_config(0, 132)
     x, w = torch.randn(1, 16), torch.randn(8, 16)
@@ -200,6 +202,10 @@ def test_the_lm_head_grid_covers_the_vocabulary_two_programs_per_sm():
                                                       norm_weight=torch.ones(5000)), dict(weight=torch.randn(8, 12))):
         with pytest.raises(ValueError):
             tlh.norm_lm_head(**{**dict(x=x, norm_weight=torch.ones(16), eps=1e-6, weight=w), **bad})
+    # a hidden size the kernel does not take stays on the torch reference, on CUDA too
+    monkeypatch.setattr(kernel, "use_triton", lambda t: True)
+    x, nw, w = torch.randn(1, 5000), torch.rand(5000), torch.randn(8, 5000)
+    assert torch.equal(kernel.norm_lm_head(x, nw, 1e-6, w), torch_ops.norm_linear(x, nw, 1e-6, w))
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
@@ -381,7 +387,8 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a fe
         check(slots[0], slots[2], what + " k", tol)
         assert torch.equal(slots[1], slots[3]), what + " v"  # a copy
         assert not slots[0][[0, 1, 3, 4, 5, 6, 8, 10, 11]].any(), what + " wrote outside out_loc"
-    # the LM head: 4 programs walk 13 or 5 tiles of 8 rows (the last tile, and a program's last turn, masked)
+    # the LM head (2 programs per SM, 4 SMs in the interpreter): 8 programs over 13 tiles of 8 rows (the
+    # last tile masked, three programs' second turn empty), 5 programs over 5 tiles
     for m in (1, 2):
         for n, k in ((100, 64), (37, 40)):
             x, nw, w = torch.randn(m, k).to(dtype), (1 + 0.1 * torch.randn(k)).to(dtype), torch.randn(n, k).to(dtype)

@@ -295,4 +295,7 @@ class FlashInferBackend(BaseAttnBackend):
         graph_index = (self._graph_kv_indptr[: bs + 1], self._graph_kv_page_ids, self._graph_kv_last_page_len[:bs])
         for buffer, values in zip(graph_index, meta.small_decode):
             buffer[: values.numel()].copy_(values)
+            # made on the scheduler's stream under overlap scheduling, and dropped just below:
+            # the allocator must not hand its memory out again before this copy has run
+            values.record_stream(torch.cuda.current_stream(self.device))
         meta.small_decode = graph_index

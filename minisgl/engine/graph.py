@@ -11,8 +11,8 @@ for the same shapes. So the runner
   (``pad_batch``, called by the scheduler before it prepares the batch); the dummy's
   KV goes to the dummy page and its logits are dropped;
 * before each replay, copies the batch's ``input_ids``, ``positions`` and ``out_loc``
-  into the static buffers the graph reads, and lets the attention backend re-plan its
-  fixed index buffers for this batch (``prepare_for_replay``).
+  into the static buffers the graph reads, and lets the attention backend refresh its
+  fixed index buffers for this batch (``prepare_for_replay``: FlashInfer re-plans).
 
 Prefill batches, and decode batches bigger than the largest graph, run eagerly.
 Mirrors upstream ``minisgl.engine.graph.GraphRunner``.

@@ -204,12 +204,13 @@ def norm_linear(
 def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """Logits ``linear(rms_norm(x, norm_weight, eps), weight)``: ``x: [M, K]`` (the residual
     stream of a fused decode batch, before the final norm), ``weight: [V, K]`` -> ``[M, V]``.
-    One persistent Triton kernel on CUDA (``triton_lm_head.norm_lm_head``), else
-    ``torch_ops.norm_linear``."""
+    One persistent Triton kernel on CUDA (``triton_lm_head.norm_lm_head``) for a hidden size
+    up to its ``MAX_K``, else ``torch_ops.norm_linear``."""
     if use_triton(x) and introduced("triton_lm_head"):
         from . import triton_lm_head
 
-        return triton_lm_head.norm_lm_head(x, norm_weight, eps, weight)
+        if x.shape[1] <= triton_lm_head.MAX_K:
+            return triton_lm_head.norm_lm_head(x, norm_weight, eps, weight)
     return torch_ops.norm_linear(x, norm_weight, eps, weight)
 
 

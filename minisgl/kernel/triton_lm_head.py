@@ -10,7 +10,7 @@ do, leaves each program too little time to hide the latency of its one load: 79 
 So this kernel is *persistent*: ``LM_HEAD_PROGRAMS_PER_SM`` programs per SM each normalise
 ``x`` once and then walk the vocabulary with a stride of the grid, ``BLOCK_N`` rows at a
 time, and Triton's software pipeline (``tl.range(..., num_stages=STAGES)``) keeps the next
-tiles' loads in flight (into shared memory) while the current tile is reduced: 74 us, and
+tiles' loads in flight (into shared memory) while the current tile is reduced: 75 us, and
 the norm's kernel is gone.
 
 Unlike the layers' kernels it is launched plainly, without PDL. A persistent kernel counts
@@ -40,6 +40,7 @@ from .triton_fused import _check_gemv
 # 8 rows x 4 warps with 3 pipeline stages, 74.3 us; 1 per SM of 16 rows x 8 warps, 74.6; one
 # stage (no pipelining) needs 16 programs per SM to reach 82.
 LM_HEAD_PROGRAMS_PER_SM = 2
+MAX_K = 4096  # a row of x and of the weight is one tile (kernel.norm_lm_head keeps wider ones on torch)
 INTERPRETER_SMS = 4  # the grid of the CPU interpreter: a few programs, each walking many tiles
 
 
@@ -102,7 +103,7 @@ def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight:
     ``x: [M, K]`` (one or two rows of the residual stream, before the final norm),
     ``norm_weight: [K]``, ``weight: [V, K]`` with contiguous rows (the LM head, or the tied
     embedding). Returns ``[M, V]`` in x's dtype. Same reference as
-    ``torch_ops.norm_linear``. ``K`` is read in one tile: at most 4,096.
+    ``torch_ops.norm_linear``. ``K`` is read in one tile: at most ``MAX_K`` (4,096).
 
     Raises:
         ValueError: on mismatched shapes or dtypes, or ``K`` over 4,096.
@@ -111,8 +112,8 @@ def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight:
     m, k = x.shape
     if norm_weight.shape != (k,) or not norm_weight.is_contiguous():
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")
-    if k > 4096:
-        raise ValueError(f"the LM head reads a row in one tile: K <= 4096, got {k}")
+    if k > MAX_K:
+        raise ValueError(f"the LM head reads a row in one tile: K <= {MAX_K}, got {k}")
     n = weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
