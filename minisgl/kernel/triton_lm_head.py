@@ -34,13 +34,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_fused import _check_gemv
+from .triton_fused import MAX_BLOCK_K, _check_gemv
 
 # Measured on an H200 at Qwen3-0.6B's vocabulary, one row (chapter 19): 2 programs per SM of
 # 8 rows x 4 warps with 3 pipeline stages, 74.3 us; 1 per SM of 16 rows x 8 warps, 74.6; one
 # stage (no pipelining) needs 16 programs per SM to reach 82.
 LM_HEAD_PROGRAMS_PER_SM = 2
-MAX_K = 4096  # a row of x and of the weight is one tile (kernel.norm_lm_head keeps wider ones on torch)
+MAX_K = MAX_BLOCK_K  # a row of x and of the weight is one tile (kernel.norm_lm_head keeps wider ones on torch)
 INTERPRETER_SMS = 4  # the grid of the CPU interpreter: a few programs, each walking many tiles
 
 
