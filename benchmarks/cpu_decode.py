@@ -21,8 +21,16 @@ from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 
-PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "1 + 1 =",
-           "Once upon a time,", "The best way to learn is", "Water boils at", "My favourite colour is"]
+PROMPTS = [
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+    "1 + 1 =",
+    "Once upon a time,",
+    "The best way to learn is",
+    "Water boils at",
+    "My favourite colour is",
+]
 
 
 def bench_minisgl(llm: LLM, prompts: List[str], tokens: int) -> tuple[float, float]:
@@ -59,16 +67,27 @@ def bench_hf(model, tokenizer, prompts: List[str], tokens: int) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+    parser.add_argument(
+        "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+    )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"model {args.model}, float32, CPU, {args.threads} threads, {args.tokens} output tokens per request")
+    print(
+        f"model {args.model}, float32, CPU, {args.threads} threads, {args.tokens} output tokens per request"
+    )
 
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = LLM(args.model, dtype=torch.float32, device="cpu", attention_backend="torch",
-              num_page_override=4096, max_running_req=16, cache_type="naive")
+    llm = LLM(
+        args.model,
+        dtype=torch.float32,
+        device="cpu",
+        attention_backend="torch",
+        num_page_override=4096,
+        max_running_req=16,
+        cache_type="naive",
+    )
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -77,8 +96,10 @@ def main() -> None:
     print(f"{'batch':>5} | {'engine':<12} | {'ms / decode step':>16} | {'tokens/s':>8}")
     for bs in (1, 8):
         prompts = PROMPTS[:bs]
-        for name, (step, tps) in (("mini-sglang", bench_minisgl(llm, prompts, args.tokens)),
-                                  ("transformers", bench_hf(hf, tokenizer, prompts, args.tokens))):
+        for name, (step, tps) in (
+            ("mini-sglang", bench_minisgl(llm, prompts, args.tokens)),
+            ("transformers", bench_hf(hf, tokenizer, prompts, args.tokens)),
+        ):
             print(f"{bs:>5} | {name:<12} | {step * 1e3:>16.1f} | {tps:>8.1f}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(f"peak resident memory of this process (both engines loaded): {peak:.0f} MiB")

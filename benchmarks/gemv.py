@@ -28,15 +28,23 @@ import torch
 import torch.nn.functional as F
 
 # Qwen3-0.6B's linear layers as (N, K): rows of the weight, and the input width.
-SHAPES = {"lm_head": (151936, 1024), "qkv_proj": (4096, 1024), "o_proj": (1024, 2048),
-          "gate_up_proj": (6144, 1024), "down_proj": (1024, 3072)}
+SHAPES = {
+    "lm_head": (151936, 1024),
+    "qkv_proj": (4096, 1024),
+    "o_proj": (1024, 2048),
+    "gate_up_proj": (6144, 1024),
+    "down_proj": (1024, 3072),
+}
 
 
 def shapes_at_tp(tp: int) -> Dict[str, tuple]:
     """Each rank's share at tensor parallelism ``tp``: column-parallel layers (lm_head,
     qkv, gate_up) split N, row-parallel ones (o_proj, down) split K."""
     row_parallel = ("o_proj", "down_proj")
-    return {name: (n, k // tp) if name in row_parallel else (n // tp, k) for name, (n, k) in SHAPES.items()}
+    return {
+        name: (n, k // tp) if name in row_parallel else (n // tp, k)
+        for name, (n, k) in SHAPES.items()
+    }
 
 
 def graph_time_us(calls: List[Callable[[], torch.Tensor]], replays: int) -> float:
@@ -63,17 +71,27 @@ def graph_time_us(calls: List[Callable[[], torch.Tensor]], replays: int) -> floa
     return start.elapsed_time(end) * 1e3 / (replays * len(calls))
 
 
-def make_weights(n: int, k: int, dtype: torch.dtype, rotate_bytes: int, seed: int = 0) -> List[torch.Tensor]:
+def make_weights(
+    n: int, k: int, dtype: torch.dtype, rotate_bytes: int, seed: int = 0
+) -> List[torch.Tensor]:
     """Enough ``[n, k]`` weights (at least one) to total ``rotate_bytes``, scaled by 1/sqrt(k)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     one = n * k * dtype.itemsize
     copies = max(1, -(-rotate_bytes // one))
-    return [torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) / k**0.5 for _ in range(copies)]
+    return [
+        torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) / k**0.5 for _ in range(copies)
+    ]
 
 
 def time_gemv(
-    m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, rotate_bytes: int = 256 << 20,
-    replays: int = 20, configs: Optional[list] = None, weights: Optional[List[torch.Tensor]] = None,
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    rotate_bytes: int = 256 << 20,
+    replays: int = 20,
+    configs: Optional[list] = None,
+    weights: Optional[List[torch.Tensor]] = None,
 ) -> Dict[str, object]:
     """One row of the table: ``torch_us`` and ``triton_us`` per call, ``torch_gbps`` and
     ``triton_gbps`` (weight bytes / time), ``rel_diff`` (max |triton - torch| / max |torch|)
@@ -91,13 +109,20 @@ def time_gemv(
     triton_us = graph_time_us([lambda w=w: gemv(x, w) for w in order], replays)
     nbytes = weights[0].numel() * weights[0].element_size()
     row: Dict[str, object] = {
-        "torch_us": torch_us, "triton_us": triton_us, "rel_diff": rel,
-        "torch_gbps": nbytes / torch_us / 1e3, "triton_gbps": nbytes / triton_us / 1e3,
-        "config": gemv_config(m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count),
+        "torch_us": torch_us,
+        "triton_us": triton_us,
+        "rel_diff": rel,
+        "torch_gbps": nbytes / torch_us / 1e3,
+        "triton_gbps": nbytes / triton_us / 1e3,
+        "config": gemv_config(
+            m, n, k, torch.cuda.get_device_properties(x.device).multi_processor_count
+        ),
     }
     if configs:
-        timed = [(graph_time_us([lambda w=w, c=c: gemv(x, w, config=c) for w in order], replays), c)
-                 for c in configs]
+        timed = [
+            (graph_time_us([lambda w=w, c=c: gemv(x, w, config=c) for w in order], replays), c)
+            for c in configs
+        ]
         row["sweep"] = sorted(timed, key=lambda t: t[0])
     return row
 
@@ -126,13 +151,21 @@ def _fmt_config(c) -> str:
 
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="M, the rows of x")
-    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel sizes to take shapes at")
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="M, the rows of x"
+    )
+    parser.add_argument(
+        "--tp", type=int, nargs="+", default=[1, 2], help="tensor-parallel sizes to take shapes at"
+    )
     parser.add_argument("--layers", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
-    parser.add_argument("--rotate-mb", type=int, default=256, help="weight copies cycled through, in MB")
+    parser.add_argument(
+        "--rotate-mb", type=int, default=256, help="weight copies cycled through, in MB"
+    )
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--sweep", action="store_true", help="also time other tile configs, print the best 3")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time other tile configs, print the best 3"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/gemv.py times GPU kernels: it needs CUDA (and triton)")
@@ -140,24 +173,39 @@ def main(argv: List[str] | None = None) -> None:
 
     dtype = getattr(torch, args.dtype)
     bandwidth = measure_copy_bandwidth(torch.device("cuda"))
-    print(f"{torch.cuda.get_device_name()}: linear layers, {args.dtype}; us per call (CUDA graph of calls, "
-          f"weights cycled over {args.rotate_mb} MB); copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print(f"{'layer':>14} {'tp':>2} {'N':>6} {'K':>5} {'M':>3} {'torch us':>9} {'triton us':>9} "
-          f"{'torch GB/s':>10} {'triton GB/s':>11} {'speed-up':>8} {'rel diff':>8}  config")
+    print(
+        f"{torch.cuda.get_device_name()}: linear layers, {args.dtype}; us per call (CUDA graph of calls, "
+        f"weights cycled over {args.rotate_mb} MB); copy bandwidth {bandwidth / 1e9:.0f} GB/s"
+    )
+    print(
+        f"{'layer':>14} {'tp':>2} {'N':>6} {'K':>5} {'M':>3} {'torch us':>9} {'triton us':>9} "
+        f"{'torch GB/s':>10} {'triton GB/s':>11} {'speed-up':>8} {'rel diff':>8}  config"
+    )
     with torch.inference_mode():
         for tp in args.tp:
             for name in args.layers:
                 n, k = shapes_at_tp(tp)[name]
                 weights = make_weights(n, k, dtype, args.rotate_mb << 20)
                 for m in args.rows:
-                    r = time_gemv(m, n, k, dtype, replays=args.replays, weights=weights,
-                                  configs=sweep_configs(m, k) if args.sweep else None)
-                    print(f"{name:>14} {tp:>2} {n:>6} {k:>5} {m:>3} {r['torch_us']:>9.2f} {r['triton_us']:>9.2f} "
-                          f"{r['torch_gbps']:>10.0f} {r['triton_gbps']:>11.0f} "
-                          f"{r['torch_us'] / r['triton_us']:>7.2f}x {r['rel_diff']:>8.1e}  {_fmt_config(r['config'])}")
+                    r = time_gemv(
+                        m,
+                        n,
+                        k,
+                        dtype,
+                        replays=args.replays,
+                        weights=weights,
+                        configs=sweep_configs(m, k) if args.sweep else None,
+                    )
+                    print(
+                        f"{name:>14} {tp:>2} {n:>6} {k:>5} {m:>3} {r['torch_us']:>9.2f} {r['triton_us']:>9.2f} "
+                        f"{r['torch_gbps']:>10.0f} {r['triton_gbps']:>11.0f} "
+                        f"{r['torch_us'] / r['triton_us']:>7.2f}x {r['rel_diff']:>8.1e}  {_fmt_config(r['config'])}"
+                    )
                     for us, c in r.get("sweep", [])[:3]:
-                        print(f"{'':>14} {'':>2} {'':>6} {'':>5} {'':>3} {'':>9} {us:>9.2f} {'':>10} "
-                              f"{n * k * dtype.itemsize / us / 1e3:>11.0f} {'':>8} {'':>8}  sweep {_fmt_config(c)}")
+                        print(
+                            f"{'':>14} {'':>2} {'':>6} {'':>5} {'':>3} {'':>9} {us:>9.2f} {'':>10} "
+                            f"{n * k * dtype.itemsize / us / 1e3:>11.0f} {'':>8} {'':>8}  sweep {_fmt_config(c)}"
+                        )
                 del weights
 
 

@@ -46,7 +46,9 @@ def _link_kernel(x_ptr, y_ptr, K: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _persistent_kernel(x_ptr, counter_ptr, num_programs, STEPS: tl.constexpr, K: tl.constexpr, PER: tl.constexpr):
+def _persistent_kernel(
+    x_ptr, counter_ptr, num_programs, STEPS: tl.constexpr, K: tl.constexpr, PER: tl.constexpr
+):
     """``STEPS`` links in one kernel, with a grid barrier after each (``counter_ptr[s]``)."""
     pid = tl.program_id(0)
     offs = tl.arange(0, K)
@@ -55,7 +57,10 @@ def _persistent_kernel(x_ptr, counter_ptr, num_programs, STEPS: tl.constexpr, K:
         dst = x_ptr + ((s + 1) % 2) * K
         # .cg: from L2, not a stale L1 line written by another SM
         x = tl.load(src + offs, mask=offs < num_programs * PER, other=0.0, cache_modifier=".cg")
-        tl.store(dst + pid * PER + tl.arange(0, PER), (tl.sum(x.to(tl.float32)) * 1e-6 + pid).to(tl.bfloat16))
+        tl.store(
+            dst + pid * PER + tl.arange(0, PER),
+            (tl.sum(x.to(tl.float32)) * 1e-6 + pid).to(tl.bfloat16),
+        )
         arrived = tl.atomic_add(counter_ptr + s, 1, sem="acq_rel", scope="gpu") + 1
         while arrived < num_programs:
             arrived = tl.atomic_add(counter_ptr + s, 0, sem="acquire", scope="gpu")
@@ -65,8 +70,12 @@ def chain_us(programs: int, pdl: bool) -> float:
     """Microseconds per kernel of a chain of ``KERNELS`` links of ``programs`` programs."""
     bufs = [torch.randn(max(K, programs * 4), device="cuda").to(torch.bfloat16) for _ in range(2)]
     options = {"launch_pdl": True} if pdl else {}
-    calls = [lambda i=i: _link_kernel[(programs,)](bufs[i % 2], bufs[(i + 1) % 2], K=K, PDL=pdl, **options)
-             for i in range(KERNELS)]
+    calls = [
+        lambda i=i: _link_kernel[(programs,)](
+            bufs[i % 2], bufs[(i + 1) % 2], K=K, PDL=pdl, **options
+        )
+        for i in range(KERNELS)
+    ]
     return graph_time_us(calls, 20)
 
 
@@ -89,14 +98,20 @@ def main() -> None:
         raise SystemExit("kernel_chain times GPU kernels: it needs CUDA")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     pdl = torch.cuda.get_device_capability()[0] >= 9
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs; a chain of {KERNELS} trivial kernels, CUDA graph")
+    print(
+        f"{torch.cuda.get_device_name()}: {sms} SMs; a chain of {KERNELS} trivial kernels, CUDA graph"
+    )
     for programs in (128, 256, 1024):
         with_pdl = f"{chain_us(programs, True):.2f}" if pdl else "n/a"
-        print(f"  {programs:5d} programs: {with_pdl} us per kernel with PDL, {chain_us(programs, False):.2f} without")
+        print(
+            f"  {programs:5d} programs: {with_pdl} us per kernel with PDL, {chain_us(programs, False):.2f} without"
+        )
     print(f"one persistent kernel, {KERNELS} steps each ending in a grid barrier")
     for programs in (sms, 2 * sms):
         one, many = persistent_us(programs, 1), persistent_us(programs, KERNELS)
-        print(f"  {programs:5d} programs: {(many - one) / (KERNELS - 1):.2f} us per step with its barrier")
+        print(
+            f"  {programs:5d} programs: {(many - one) / (KERNELS - 1):.2f} us per step with its barrier"
+        )
 
 
 if __name__ == "__main__":

@@ -79,11 +79,18 @@ def instrument(source: str) -> str:
     i = 0
     while i < len(lines):
         line = lines[i]
-        if re.match(r"def _\w+_kernel\($", line):  # a kernel's signature: add the argument, stamp the start
+        if re.match(
+            r"def _\w+_kernel\($", line
+        ):  # a kernel's signature: add the argument, stamp the start
             while not lines[i].startswith("):"):
                 out.append(lines[i])
                 i += 1
-            out += ["    STAMPS=None,", lines[i], "    _started = _now()", "    _waited = 0 * _started"]
+            out += [
+                "    STAMPS=None,",
+                lines[i],
+                "    _started = _now()",
+                "    _waited = 0 * _started",
+            ]
             in_kernel, i = True, i + 1
             continue
         if in_kernel and line and not line.startswith(" "):  # past the kernel's body: stamp its end
@@ -132,7 +139,9 @@ def load_instrumented(folder: Path, name: str) -> ModuleType:
 class Layers:
     """Qwen3-0.6B's 28 layers at ``m`` rows on the fused path, attention included."""
 
-    def __init__(self, cfg: Dict[str, float], m: int, fused: ModuleType, decode: ModuleType) -> None:
+    def __init__(
+        self, cfg: Dict[str, float], m: int, fused: ModuleType, decode: ModuleType
+    ) -> None:
         from fused_decode import Step, make_layers  # GPU only: it brings chapter 21's table helper
 
         step = Step(cfg, m, torch.bfloat16)
@@ -140,11 +149,18 @@ class Layers:
         self.fused, self.decode, self.weights = fused, decode, make_layers(cfg, torch.bfloat16)
         kv_heads, d = int(cfg["kv_heads"]), int(cfg["head_dim"])
         pages = -(-CONTEXT // PAGE)
-        self.pools = [[torch.randn(pages * PAGE * m, kv_heads, d, device="cuda", dtype=torch.bfloat16)
-                       for _ in range(2)] for _ in self.weights]
+        self.pools = [
+            [
+                torch.randn(pages * PAGE * m, kv_heads, d, device="cuda", dtype=torch.bfloat16)
+                for _ in range(2)
+            ]
+            for _ in self.weights
+        ]
         self.indptr = torch.arange(0, (m + 1) * pages, pages, device="cuda", dtype=torch.int32)
         self.page_ids = torch.arange(m * pages, device="cuda", dtype=torch.int32)
-        self.last_len = torch.full((m,), CONTEXT - (pages - 1) * PAGE, device="cuda", dtype=torch.int32)
+        self.last_len = torch.full(
+            (m,), CONTEXT - (pages - 1) * PAGE, device="cuda", dtype=torch.int32
+        )
         self.pos = torch.full((m,), CONTEXT - 1, device="cuda", dtype=torch.int64)
         self.loc = self.indptr[:-1].long() * PAGE + CONTEXT - 1
 
@@ -152,9 +168,24 @@ class Layers:
         c, w, res, (k, v) = self.cfg, self.weights[i], self.residual, self.pools[i]
         hq, d = int(c["heads"]), int(c["head_dim"])
         qkv = self.fused.norm_gemv(res, w["norm_in"], c["eps"], w["qkv"])
-        o = self.decode.decode_attention_qkv(qkv, self.pos, self.cos_sin, w["q_norm"], w["k_norm"], c["eps"], k, v,
-                                             self.loc, self.indptr, self.page_ids, self.last_len, PAGE, d**-0.5,
-                                             MAX_SEQ_LEN, hq)
+        o = self.decode.decode_attention_qkv(
+            qkv,
+            self.pos,
+            self.cos_sin,
+            w["q_norm"],
+            w["k_norm"],
+            c["eps"],
+            k,
+            v,
+            self.loc,
+            self.indptr,
+            self.page_ids,
+            self.last_len,
+            PAGE,
+            d**-0.5,
+            MAX_SEQ_LEN,
+            hq,
+        )
         self.fused.gemv_add_residual_(o.reshape(self.m, hq * d), w["o"], res)
         act = self.fused.norm_gemv(res, w["norm_post"], c["eps"], w["gate_up"], swiglu=True)
         self.fused.gemv_add_residual_(act, w["down"], res)
@@ -170,26 +201,45 @@ def report(buffer: torch.Tensor, m: int) -> None:
     for block in stamps:
         ran = block[block[:, 0] > 0]
         waited = ran[ran[:, 1] > 0]  # an empty chunk's program returns before its wait
-        start, wait, end = ((t - origin).double() / 1e3 for t in (ran[:, 0], waited[:, 1], ran[:, 2]))
-        kernels.append(dict(start_first=float(start.min()), start_last=float(start.max()),
-                            wait_first=float(wait.min()), wait_last=float(wait.max()), end_last=float(end.max())))
+        start, wait, end = (
+            (t - origin).double() / 1e3 for t in (ran[:, 0], waited[:, 1], ran[:, 2])
+        )
+        kernels.append(
+            dict(
+                start_first=float(start.min()),
+                start_last=float(start.max()),
+                wait_first=float(wait.min()),
+                wait_last=float(wait.max()),
+                end_last=float(end.max()),
+            )
+        )
     print(f"batch {m}: us per kernel, averaged over layers 2-27")
     print("kernel   | starts | boundary | spread | after | total")
     for j, name in enumerate(NAMES):
         rows = [(kernels[6 * layer + j], kernels[6 * layer + j - 1]) for layer in range(2, 28)]
-        cols = [[k["start_last"] - k["start_first"] for k, _ in rows],
-                [k["wait_first"] - prev["end_last"] for k, prev in rows],
-                [k["wait_last"] - k["wait_first"] for k, _ in rows],
-                [k["end_last"] - k["wait_last"] for k, _ in rows],
-                [k["end_last"] - prev["end_last"] for k, prev in rows]]
+        cols = [
+            [k["start_last"] - k["start_first"] for k, _ in rows],
+            [k["wait_first"] - prev["end_last"] for k, prev in rows],
+            [k["wait_last"] - k["wait_first"] for k, _ in rows],
+            [k["end_last"] - k["wait_last"] for k, _ in rows],
+            [k["end_last"] - prev["end_last"] for k, prev in rows],
+        ]
         print(f"{name:8s} | " + " | ".join(f"{statistics.mean(c):6.2f}" for c in cols))
-    print(f"layer    | {(kernels[6 * 27 + 5]['end_last'] - kernels[6 * 1 + 5]['end_last']) / 26:.2f} us (stamped)")
+    print(
+        f"layer    | {(kernels[6 * 27 + 5]['end_last'] - kernels[6 * 1 + 5]['end_last']) / 26:.2f} us (stamped)"
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2], choices=[1, 2],
-                   help="decode batch sizes (the fused path takes one or two rows)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        choices=[1, 2],
+        help="decode batch sizes (the fused path takes one or two rows)",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         raise SystemExit("layer_timeline needs a Hopper GPU (PDL)")
@@ -203,16 +253,24 @@ def main() -> None:
     with torch.inference_mode(), tempfile.TemporaryDirectory() as folder:
         stamps = Stamps(6 * int(cfg["layers"]))
         sys.modules[stamps.__name__] = stamps
-        fused, decode = (load_instrumented(Path(folder), name) for name in ("triton_fused", "triton_decode"))
+        fused, decode = (
+            load_instrumented(Path(folder), name) for name in ("triton_fused", "triton_decode")
+        )
         for m in args.rows:
             plain = Layers(cfg, m, triton_fused, triton_decode)
-            plain_us = graph_time_us([lambda i=i: plain.layer(i) for i in range(len(plain.weights))], 30)
+            plain_us = graph_time_us(
+                [lambda i=i: plain.layer(i) for i in range(len(plain.weights))], 30
+            )
             timed = Layers(cfg, m, fused, decode)
             # the warm-up and the capture each hand out the stamp blocks from the first; every
             # replay rewrites them, so after the timing they hold the last replay's stamps
             restart = lambda: setattr(stamps, "count", 0)  # noqa: E731
-            graph_time_us([restart] + [lambda i=i: timed.layer(i) for i in range(len(timed.weights))], 5)
-            print(f"batch {m}: a layer takes {plain_us:.2f} us without the stamps (28 layers in one CUDA graph)")
+            graph_time_us(
+                [restart] + [lambda i=i: timed.layer(i) for i in range(len(timed.weights))], 5
+            )
+            print(
+                f"batch {m}: a layer takes {plain_us:.2f} us without the stamps (28 layers in one CUDA graph)"
+            )
             report(stamps.buffer, m)
 
 

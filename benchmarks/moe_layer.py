@@ -37,15 +37,24 @@ def _time_ms(fn, iters: int) -> float:
 
 
 def time_moe_layer(
-    tokens: int, hidden: int, inter: int, experts: int, top_k: int,
-    dtype: torch.dtype = torch.bfloat16, iters: int = 50, seed: int = 0,
+    tokens: int,
+    hidden: int,
+    inter: int,
+    experts: int,
+    top_k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    iters: int = 50,
+    seed: int = 0,
 ) -> Dict[str, float]:
     """One row of the table: ``torch_ms``, ``fused_ms`` (per layer forward), ``rel_diff``
     (max |fused - torch| / max |torch|), ``experts_hit`` and ``fused_gbps`` (weight bytes
     of the experts hit / fused time)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, hidden, device="cuda", dtype=dtype, generator=gen)
-    w1 = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=dtype, generator=gen) / hidden**0.5
+    w1 = (
+        torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=dtype, generator=gen)
+        / hidden**0.5
+    )
     w2 = torch.randn(experts, hidden, inter, device="cuda", dtype=dtype, generator=gen) / inter**0.5
     logits = torch.randn(tokens, experts, device="cuda", dtype=dtype, generator=gen)
     ref, fused = TorchMoe(), FusedMoe()
@@ -56,8 +65,14 @@ def time_moe_layer(
     torch_ms = _time_ms(lambda: ref.forward(x, w1, w2, logits, top_k, True), iters)
     fused_ms = _time_ms(lambda: fused.forward(x, w1, w2, logits, top_k, True), iters)
     weight_bytes = hit * 3 * hidden * inter * w1.element_size()
-    return {"tokens": tokens, "torch_ms": torch_ms, "fused_ms": fused_ms, "rel_diff": rel,
-            "experts_hit": hit, "fused_gbps": weight_bytes / fused_ms / 1e6}
+    return {
+        "tokens": tokens,
+        "torch_ms": torch_ms,
+        "fused_ms": fused_ms,
+        "rel_diff": rel,
+        "experts_hit": hit,
+        "fused_gbps": weight_bytes / fused_ms / 1e6,
+    }
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -73,13 +88,19 @@ def main(argv: List[str] | None = None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (the fused backend is a Triton kernel)")
     dtype = getattr(torch, args.dtype)
-    print(f"{torch.cuda.get_device_name()}: MoE layer, H={args.hidden}, I={args.inter}, E={args.experts}, "
-          f"top-{args.top_k}, {args.dtype}; ms per layer forward (routing included)")
-    print(f"{'tokens':>7} {'E_hit':>6} {'torch ms':>9} {'fused ms':>9} {'speed-up':>8} {'fused GB/s':>10} {'rel diff':>9}")
+    print(
+        f"{torch.cuda.get_device_name()}: MoE layer, H={args.hidden}, I={args.inter}, E={args.experts}, "
+        f"top-{args.top_k}, {args.dtype}; ms per layer forward (routing included)"
+    )
+    print(
+        f"{'tokens':>7} {'E_hit':>6} {'torch ms':>9} {'fused ms':>9} {'speed-up':>8} {'fused GB/s':>10} {'rel diff':>9}"
+    )
     for t in args.tokens:
         r = time_moe_layer(t, args.hidden, args.inter, args.experts, args.top_k, dtype, args.iters)
-        print(f"{t:>7} {r['experts_hit']:>6} {r['torch_ms']:>9.3f} {r['fused_ms']:>9.3f} "
-              f"{r['torch_ms'] / r['fused_ms']:>7.1f}x {r['fused_gbps']:>10.0f} {r['rel_diff']:>9.1e}")
+        print(
+            f"{t:>7} {r['experts_hit']:>6} {r['torch_ms']:>9.3f} {r['fused_ms']:>9.3f} "
+            f"{r['torch_ms'] / r['fused_ms']:>7.1f}x {r['fused_gbps']:>10.0f} {r['rel_diff']:>9.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,12 @@ from minisgl.llm import LLM
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/tiny-qwen3"))
 parser.add_argument("--requests", type=int, default=64)
-parser.add_argument("--system-tokens", type=int, default=256, help="length of the shared system prompt")
-parser.add_argument("--max-extend-tokens", type=int, default=512, help="prefill token budget of a step")
+parser.add_argument(
+    "--system-tokens", type=int, default=256, help="length of the shared system prompt"
+)
+parser.add_argument(
+    "--max-extend-tokens", type=int, default=512, help="prefill token budget of a step"
+)
 parser.add_argument("--max-tokens", type=int, default=4, help="output tokens per request")
 parser.add_argument("--page-size", type=int, default=1)
 parser.add_argument("--device", default="cpu")
@@ -48,17 +52,27 @@ def make_prompts(vocab_text: str, tokenizer) -> List[List[int]]:
     return [system + tokenizer.encode(q) for q in questions]
 
 
-SYSTEM_TEXT = ("You are a careful assistant for a small bookshop. Answer questions about opening hours, "
-               "orders, deliveries and returns politely and briefly. The shop opens at nine and closes "
-               "at six, Monday to Saturday; orders over thirty euros ship free; returns are accepted "
-               "within thirty days with a receipt. Never invent a policy that is not written here.")
+SYSTEM_TEXT = (
+    "You are a careful assistant for a small bookshop. Answer questions about opening hours, "
+    "orders, deliveries and returns politely and briefly. The shop opens at nine and closes "
+    "at six, Monday to Saturday; orders over thirty euros ship free; returns are accepted "
+    "within thirty days with a receipt. Never invent a policy that is not written here."
+)
 
 
 def run(cache_type: str, prompts: List[List[int]]) -> Dict[str, object]:
-    llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch",
-              max_running_req=args.requests, page_size=args.page_size, cache_type=cache_type,
-              max_extend_tokens=args.max_extend_tokens, max_seq_len_override=1024,
-              num_page_override=(args.requests * 400) // args.page_size + 8)
+    llm = LLM(
+        args.model,
+        dtype=torch.float32,
+        device=args.device,
+        attention_backend="torch",
+        max_running_req=args.requests,
+        page_size=args.page_size,
+        cache_type=cache_type,
+        max_extend_tokens=args.max_extend_tokens,
+        max_seq_len_override=1024,
+        num_page_override=(args.requests * 400) // args.page_size + 8,
+    )
     stats = {"prefill_tokens": 0, "prefill_steps": 0, "hits": 0}
     original, seen = llm._forward, set()
 
@@ -86,14 +100,22 @@ from transformers import AutoTokenizer  # noqa: E402
 
 prompts = make_prompts(SYSTEM_TEXT, AutoTokenizer.from_pretrained(args.model))
 prompt_tokens = sum(len(p) for p in prompts)
-print(f"{args.requests} requests: a {args.system_tokens}-token system prompt + a question each; "
-      f"{prompt_tokens} prompt tokens in all; max_extend_tokens={args.max_extend_tokens}, "
-      f"page size {args.page_size}, {os.path.basename(args.model.rstrip('/'))} on {args.device}")
+print(
+    f"{args.requests} requests: a {args.system_tokens}-token system prompt + a question each; "
+    f"{prompt_tokens} prompt tokens in all; max_extend_tokens={args.max_extend_tokens}, "
+    f"page size {args.page_size}, {os.path.basename(args.model.rstrip('/'))} on {args.device}"
+)
 results = {cache: run(cache, prompts) for cache in ["naive", "radix"]}
 for cache, r in results.items():
-    print(f"  {cache:<5}: prefill computed {r['prefill_tokens']:>6} tokens in {r['prefill_steps']:>2} prefill steps "
-          f"({r['hits']:>2} requests started from the cached system prompt), {r['seconds']:.2f} s")
+    print(
+        f"  {cache:<5}: prefill computed {r['prefill_tokens']:>6} tokens in {r['prefill_steps']:>2} prefill steps "
+        f"({r['hits']:>2} requests started from the cached system prompt), {r['seconds']:.2f} s"
+    )
 naive, radix = results["naive"]["prefill_tokens"], results["radix"]["prefill_tokens"]
-print(f"  saving: {naive - radix} of {naive} prefill tokens not computed ({100 * (naive - radix) / naive:.1f}%), "
-      f"{naive / radix:.1f}x fewer")
-print(f"  same outputs with both caches: {results['naive']['outputs'] == results['radix']['outputs']}")
+print(
+    f"  saving: {naive - radix} of {naive} prefill tokens not computed ({100 * (naive - radix) / naive:.1f}%), "
+    f"{naive / radix:.1f}x fewer"
+)
+print(
+    f"  same outputs with both caches: {results['naive']['outputs'] == results['radix']['outputs']}"
+)

@@ -40,10 +40,22 @@ import httpx
 from minisgl.server.local import start_server, stop_server, wait_ready
 
 PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,",
-    "The quick brown fox", "import numpy as np\n", "Water boils at", "My favourite colour is",
-    "To be or not to be,", "The largest planet in the solar system is", "SELECT * FROM", "In 1969, humans",
-    "Translate to French: cheese ->", "The recipe for pancakes:", "A haiku about autumn:", "1, 2, 3, 4,",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three prime numbers:",
+    "Once upon a time,",
+    "The quick brown fox",
+    "import numpy as np\n",
+    "Water boils at",
+    "My favourite colour is",
+    "To be or not to be,",
+    "The largest planet in the solar system is",
+    "SELECT * FROM",
+    "In 1969, humans",
+    "Translate to French: cheese ->",
+    "The recipe for pancakes:",
+    "A haiku about autumn:",
+    "1, 2, 3, 4,",
 ]
 
 
@@ -64,23 +76,42 @@ class Client:
 
 def percentile(values: List[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))] if values else float("nan")
+    return (
+        values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+        if values
+        else float("nan")
+    )
 
 
 def server_args(args: argparse.Namespace) -> List[str]:
     """The server's command-line options beyond the model."""
-    return ["--device", args.device, "--max-seq-len", str(args.max_seq_len),
-            "--max-running-requests", str(args.clients), "--dtype", args.dtype]
+    return [
+        "--device",
+        args.device,
+        "--max-seq-len",
+        str(args.max_seq_len),
+        "--max-running-requests",
+        str(args.clients),
+        "--dtype",
+        args.dtype,
+    ]
 
 
-def offline_reference(args: argparse.Namespace, clients: List[Client]) -> Dict[Tuple[str, int], str]:
+def offline_reference(
+    args: argparse.Namespace, clients: List[Client]
+) -> Dict[Tuple[str, int], str]:
     """Greedy text of every (prompt, max_tokens), from one offline run per prompt."""
     import torch
 
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    llm = LLM(args.model, dtype=getattr(torch, args.dtype), device=args.device, max_seq_len_override=args.max_seq_len)
+    llm = LLM(
+        args.model,
+        dtype=getattr(torch, args.dtype),
+        device=args.device,
+        max_seq_len_override=args.max_seq_len,
+    )
     prompts = sorted({c.prompt for c in clients})
     longest = max(c.max_tokens for c in clients)
     outs = llm.generate(prompts, SamplingParams(max_tokens=longest, ignore_eos=True))
@@ -93,8 +124,15 @@ def offline_reference(args: argparse.Namespace, clients: List[Client]) -> Dict[T
 
 
 async def run_client(http: httpx.AsyncClient, url: str, model: str, c: Client) -> None:
-    body = {"model": model, "prompt": c.prompt, "max_tokens": c.max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": c.prompt,
+        "max_tokens": c.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     c.sent = time.perf_counter()
     try:
         async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -142,7 +180,9 @@ def wait_idle(url: str, timeout: float = 60) -> Dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+    p.add_argument(
+        "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+    )
     p.add_argument("--clients", type=int, default=200)
     p.add_argument("--disconnect", type=int, default=20, help="clients that hang up mid-stream")
     p.add_argument("--min-tokens", type=int, default=4)
@@ -154,7 +194,10 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900, help="seconds for the whole run")
     args = p.parse_args()
-    signal.signal(signal.SIGALRM, lambda *_: sys.exit(f"stopped: the run took longer than {args.timeout:.0f} s"))
+    signal.signal(
+        signal.SIGALRM,
+        lambda *_: sys.exit(f"stopped: the run took longer than {args.timeout:.0f} s"),
+    )
     signal.alarm(int(args.timeout))
 
     rng = random.Random(args.seed)
@@ -162,7 +205,11 @@ def main() -> int:
     clients = []
     for i in range(args.clients):
         n = rng.randint(args.min_tokens, args.max_tokens)
-        clients.append(Client(rng.choice(PROMPTS), n, rng.randint(1, max(1, n // 3)) if i in hang_ups else None))
+        clients.append(
+            Client(
+                rng.choice(PROMPTS), n, rng.randint(1, max(1, n // 3)) if i in hang_ups else None
+            )
+        )
 
     proc, log = None, None
     if args.url:
@@ -176,12 +223,17 @@ def main() -> int:
         print(f"offline reference for {len({c.prompt for c in clients})} prompts ...", flush=True)
         t0 = time.perf_counter()
         ref = offline_reference(args, clients)
-        print(f"  done in {time.perf_counter() - t0:.1f} s; waiting for the server at {url} ...", flush=True)
+        print(
+            f"  done in {time.perf_counter() - t0:.1f} s; waiting for the server at {url} ...",
+            flush=True,
+        )
         health = wait_ready(url, proc, log, args.timeout)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        print(f"{args.clients} streaming clients ({len(hang_ups)} hang up mid-stream), "
-              f"max_tokens {args.min_tokens}..{args.max_tokens}, model {model} on {args.device} ({args.dtype})",
-              flush=True)
+        print(
+            f"{args.clients} streaming clients ({len(hang_ups)} hang up mid-stream), "
+            f"max_tokens {args.min_tokens}..{args.max_tokens}, model {model} on {args.device} ({args.dtype})",
+            flush=True,
+        )
         wall = asyncio.run(load(url, model, clients))
 
         done = [c for c in clients if c.hang_up_after is None]
@@ -189,24 +241,44 @@ def main() -> int:
         wrong = [c for c in done if not c.error and c.text != ref[(c.prompt, c.max_tokens)]]
         stats = wait_idle(url)
         health_after = httpx.get(f"{url}/health", timeout=10)
-        alive = health_after.status_code == 200 and health_after.json()["workers"] == health["workers"]
-        out_tokens = sum(c.tokens for c in done) + sum(c.chunks for c in clients if c.hang_up_after is not None)
+        alive = (
+            health_after.status_code == 200 and health_after.json()["workers"] == health["workers"]
+        )
+        out_tokens = sum(c.tokens for c in done) + sum(
+            c.chunks for c in clients if c.hang_up_after is not None
+        )
         ttft = [c.first - c.sent for c in clients if c.first is not None]
-        tpot = [(c.last - c.first) / (c.tokens - 1) for c in done if c.first is not None and c.tokens > 1]
+        tpot = [
+            (c.last - c.first) / (c.tokens - 1)
+            for c in done
+            if c.first is not None and c.tokens > 1
+        ]
 
         print(f"\nwall time            {wall:8.2f} s")
-        print(f"output throughput    {out_tokens / wall:8.1f} tokens/s  ({out_tokens} tokens, "
-              f"{len(done) / wall:.2f} completed requests/s)")
-        print(f"TTFT  p50 / p99      {1000 * percentile(ttft, 50):8.0f} / {1000 * percentile(ttft, 99):.0f} ms")
-        print(f"TPOT  p50 / p99      {1000 * percentile(tpot, 50):8.1f} / {1000 * percentile(tpot, 99):.1f} ms")
+        print(
+            f"output throughput    {out_tokens / wall:8.1f} tokens/s  ({out_tokens} tokens, "
+            f"{len(done) / wall:.2f} completed requests/s)"
+        )
+        print(
+            f"TTFT  p50 / p99      {1000 * percentile(ttft, 50):8.0f} / {1000 * percentile(ttft, 99):.0f} ms"
+        )
+        print(
+            f"TPOT  p50 / p99      {1000 * percentile(tpot, 50):8.1f} / {1000 * percentile(tpot, 99):.1f} ms"
+        )
         checks = [
-            (f"{len(done) - len(wrong) - sum(1 for c in done if c.error)}/{len(done)} completed streams equal "
-             "their offline text", not wrong and not errors),
+            (
+                f"{len(done) - len(wrong) - sum(1 for c in done if c.error)}/{len(done)} completed streams equal "
+                "their offline text",
+                not wrong and not errors,
+            ),
             (f"server and workers alive afterwards ({', '.join(health['workers'])})", alive),
-            (f"idle: {stats['kv_pages_in_use']} KV pages in use ({stats['kv_pages_free']} free, "
-             f"{stats['kv_pages_cached']} cached of {stats['kv_pages_total']}), "
-             f"{stats['table_rows_free']}/{stats['table_rows_total']} table rows free",
-             stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]),
+            (
+                f"idle: {stats['kv_pages_in_use']} KV pages in use ({stats['kv_pages_free']} free, "
+                f"{stats['kv_pages_cached']} cached of {stats['kv_pages_total']}), "
+                f"{stats['table_rows_free']}/{stats['table_rows_total']} table rows free",
+                stats["kv_pages_in_use"] == 0
+                and stats["table_rows_free"] == stats["table_rows_total"],
+            ),
         ]
         for c in (errors + wrong)[:3]:
             print(f"  e.g. {c.prompt!r} max_tokens={c.max_tokens}: {c.error or repr(c.text)}")

@@ -17,16 +17,26 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
-llm = LLM(args.model, dtype=torch.float32, device=args.device, num_page_override=2048, max_running_req=8)
+llm = LLM(
+    args.model, dtype=torch.float32, device=args.device, num_page_override=2048, max_running_req=8
+)
 chats = ["What is the capital of France?", "Give me a synonym for 'happy'.", "What is 12 times 12?"]
-prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True,
-                                             tokenize=False) for c in chats]
+prompts = [
+    llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False
+    )
+    for c in chats
+]
 start = time.perf_counter()
-outputs = llm.generate(prompts, SamplingParams(max_tokens=48))  # greedy; stops at the end-of-turn token
+outputs = llm.generate(
+    prompts, SamplingParams(max_tokens=48)
+)  # greedy; stops at the end-of-turn token
 elapsed = time.perf_counter() - start
 for chat, out in zip(chats, outputs):
     print(f"Q: {chat}\nA: {out['text'].strip()}\n")

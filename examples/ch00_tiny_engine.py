@@ -44,14 +44,18 @@ class TinyEngine:
         self.head_dim: int = cfg.get("head_dim") or cfg["hidden_size"] // self.num_q_heads
         self.eps: float = cfg["rms_norm_eps"]
         self.max_seq_len = max_seq_len
-        self.w: Dict[str, torch.Tensor] = {k: v.float() for k, v in load_file(model_dir / "model.safetensors").items()}
+        self.w: Dict[str, torch.Tensor] = {
+            k: v.float() for k, v in load_file(model_dir / "model.safetensors").items()
+        }
         # Tied embeddings: the checkpoint stores one matrix for both ends of the model.
         self.lm_head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
         # RoPE angles for every position are computed once; a step only gathers its rows.
         theta = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]
-        inv_freq = 1.0 / theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        inv_freq = 1.0 / theta ** (
+            torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
+        )
         angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # [S, D/2]
         self.cos, self.sin = angles.cos(), angles.sin()
 
@@ -105,8 +109,12 @@ class TinyEngine:
         h = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
         for i in range(self.num_layers):
             # Pre-norm residual blocks: each sub-layer adds its output to the stream.
-            h = h + self.attention(i, self.rms_norm(h, self.w[f"model.layers.{i}.input_layernorm.weight"]), pos, cache)
-            h = h + self.mlp(i, self.rms_norm(h, self.w[f"model.layers.{i}.post_attention_layernorm.weight"]))
+            h = h + self.attention(
+                i, self.rms_norm(h, self.w[f"model.layers.{i}.input_layernorm.weight"]), pos, cache
+            )
+            h = h + self.mlp(
+                i, self.rms_norm(h, self.w[f"model.layers.{i}.post_attention_layernorm.weight"])
+            )
         # Only the last position predicts the next token; skip the LM head for the rest.
         return self.rms_norm(h[-1], self.w["model.norm.weight"]) @ self.lm_head.T
 
@@ -138,19 +146,31 @@ def hf_greedy(model_dir: Path, prompt_ids: List[int], max_new_tokens: int) -> Li
     """The reference: transformers' own greedy generation, in float32."""
     model = _hf_model(model_dir)
     ids = torch.tensor([prompt_ids])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         min_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Chapter 0: a tiny greedy engine for SmolLM2.")
-    parser.add_argument("--model", type=Path, default=Path(os.environ.get("MINISGL_MODEL", DEFAULT_MODEL)))
+    parser.add_argument(
+        "--model", type=Path, default=Path(os.environ.get("MINISGL_MODEL", DEFAULT_MODEL))
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
-    parser.add_argument("--no-check", action="store_true", help="skip the comparison with transformers")
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip the comparison with transformers"
+    )
     args = parser.parse_args()
     if not (args.model / "model.safetensors").is_file():
-        print(f"No model at {args.model}. Make it once with:  python tools/models.py smollm2", file=sys.stderr)
+        print(
+            f"No model at {args.model}. Make it once with:  python tools/models.py smollm2",
+            file=sys.stderr,
+        )
         return 1
 
     torch.manual_seed(0)

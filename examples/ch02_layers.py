@@ -20,17 +20,27 @@ wk = torch.randn(num_kv * head_dim, hidden)
 wv = torch.randn(num_kv * head_dim, hidden)
 qkv_proj = LinearQKVMerged(hidden, head_dim, num_q, num_kv, has_bias=False)
 qkv_proj.weight = torch.cat([wq, wk, wv])  # what the loader does with the checkpoint
-q, k, v = qkv_proj.forward(x).split([num_q * head_dim, num_kv * head_dim, num_kv * head_dim], dim=-1)
-print(f"merged qkv weight {tuple(qkv_proj.weight.shape)}: x [T, hidden] -> q {tuple(q.shape)}, "
-      f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-diff = max((q - F.linear(x, wq)).abs().max(), (k - F.linear(x, wk)).abs().max(), (v - F.linear(x, wv)).abs().max())
+q, k, v = qkv_proj.forward(x).split(
+    [num_q * head_dim, num_kv * head_dim, num_kv * head_dim], dim=-1
+)
+print(
+    f"merged qkv weight {tuple(qkv_proj.weight.shape)}: x [T, hidden] -> q {tuple(q.shape)}, "
+    f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+)
+diff = max(
+    (q - F.linear(x, wq)).abs().max(),
+    (k - F.linear(x, wk)).abs().max(),
+    (v - F.linear(x, wv)).abs().max(),
+)
 print(f"  max |merged - separate| = {float(diff):.1e}")
 
 # 2. RMSNorm
 norm = RMSNorm(hidden, eps=1e-6)
 norm.weight = torch.ones(hidden)
 y = norm.forward(x * 100)
-print(f"RMSNorm: rms of each token before {[round(float(r), 1) for r in (x * 100).pow(2).mean(-1).sqrt()]}")
+print(
+    f"RMSNorm: rms of each token before {[round(float(r), 1) for r in (x * 100).pow(2).mean(-1).sqrt()]}"
+)
 print(f"                          after  {[round(float(r), 3) for r in y.pow(2).mean(-1).sqrt()]}")
 
 # 3. RoPE: the score of query at m and key at n depends on m - n only

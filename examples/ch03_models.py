@@ -20,7 +20,9 @@ from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.utils import cached_load_hf_config, check_model_path, torch_dtype
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 path = str(check_model_path(parser.parse_args().model))
 
 
@@ -35,15 +37,18 @@ class PromptOnlyAttention:
             return torch.tensor([self.num_tokens - 1])
 
     def forward(self, q, k, v, layer_id, batch):  # q: [T, H_q, D], k/v: [T, H_kv, D]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                           is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+        )
         return o.transpose(0, 1)
 
 
 config = ModelConfig.from_hf(cached_load_hf_config(path))
-print(f"{config.architectures[0]}: {config.num_layers} layers, hidden {config.hidden_size}, "
-      f"{config.num_qo_heads} query heads sharing {config.num_kv_heads} KV heads of dim {config.head_dim}, "
-      f"vocab {config.vocab_size}, tied embeddings: {config.tie_word_embeddings}")
+print(
+    f"{config.architectures[0]}: {config.num_layers} layers, hidden {config.hidden_size}, "
+    f"{config.num_qo_heads} query heads sharing {config.num_kv_heads} KV heads of dim {config.head_dim}, "
+    f"vocab {config.vocab_size}, tied embeddings: {config.tie_word_embeddings}"
+)
 
 with torch.device("meta"), torch_dtype(torch.float32):
     model = create_model(config)  # shapes only: no memory yet
@@ -52,7 +57,8 @@ for name in ["model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gat
     print(f"  merged on load: {name} {tuple(weights[name].shape)}")
 model.load_state_dict(weights)
 num_params = sum(t.numel() for t in model.state_dict().values()) - (
-    model.lm_head.weight.numel() if config.tie_word_embeddings else 0)
+    model.lm_head.weight.numel() if config.tie_word_embeddings else 0
+)
 print(f"  {num_params / 1e6:.1f} M parameters loaded")
 
 tokenizer = AutoTokenizer.from_pretrained(path)
@@ -72,5 +78,7 @@ with torch.inference_mode():
     hf_logits = hf(ids[None].long()).logits[0, -1]
 top = logits.topk(3).indices.tolist()
 print(f"next token after {prompt!r}: " + ", ".join(repr(tokenizer.decode([t])) for t in top))
-print(f"max |logits - HF logits| = {float((logits - hf_logits).abs().max()):.1e}; "
-      f"same argmax as HF: {int(logits.argmax()) == int(hf_logits.argmax())}")
+print(
+    f"max |logits - HF logits| = {float((logits - hf_logits).abs().max()):.1e}; "
+    f"same argmax as HF: {int(logits.argmax()) == int(hf_logits.argmax())}"
+)

@@ -12,11 +12,17 @@ from minisgl.kvcache import MHAKVCache, create_prefix_cache
 from minisgl.scheduler.table import TableManager
 
 layers, kv_heads, head_dim, page_size, num_pages = 30, 3, 64, 4, 16
-pool = MHAKVCache(kv_heads, layers, head_dim, num_pages, page_size, torch.float32, torch.device("cpu"))
-print(f"pool [2, L, pages, P, H_kv, D] = {tuple(pool._kv_buffer.shape)}: {pool.num_slots} token slots, "
-      f"{pool._kv_buffer.numel() * 4 / 2**20:.1f} MiB")
-print(f"one token of KV over all layers: 2 * {layers} * {kv_heads} * {head_dim} * 4 bytes = "
-      f"{2 * layers * kv_heads * head_dim * 4 / 1024:.1f} KiB")
+pool = MHAKVCache(
+    kv_heads, layers, head_dim, num_pages, page_size, torch.float32, torch.device("cpu")
+)
+print(
+    f"pool [2, L, pages, P, H_kv, D] = {tuple(pool._kv_buffer.shape)}: {pool.num_slots} token slots, "
+    f"{pool._kv_buffer.numel() * 4 / 2**20:.1f} MiB"
+)
+print(
+    f"one token of KV over all layers: 2 * {layers} * {kv_heads} * {head_dim} * 4 bytes = "
+    f"{2 * layers * kv_heads * head_dim * 4 / 1024:.1f} KiB"
+)
 
 page_table = torch.zeros((4 + 1, 32), dtype=torch.int32)  # 4 request rows + the dummy row
 tables = TableManager(max_running_reqs=4, page_table=page_table)
@@ -32,7 +38,9 @@ for row, pages, length in [(a, [5, 2], 6), (b, [9], 3)]:
 layer = 0
 for row, length in [(a, 6), (b, 3)]:
     out_loc = page_table[row, :length]
-    k = torch.full((length, kv_heads, head_dim), float(row + 1)) * torch.arange(1, length + 1).view(-1, 1, 1)
+    k = torch.full((length, kv_heads, head_dim), float(row + 1)) * torch.arange(1, length + 1).view(
+        -1, 1, 1
+    )
     pool.store_kv(k, k.clone(), out_loc, layer)
 read_back = pool.k_slots(layer)[page_table[a, :6]][:, 0, 0]
 print(f"keys of row {a} read back through the page table: {read_back.tolist()}")
@@ -41,8 +49,10 @@ print(f"page 9 (request b, 3 of 4 slots used): {pool.k_cache(layer)[9, :, 0, 0].
 
 naive = create_prefix_cache(torch.device("cpu"), "naive")
 match = naive.match_prefix(torch.tensor([1, 2, 3]))
-print(f"naive prefix cache: match of any prompt -> cached_len={match.cuda_handle.cached_len}, "
-      f"holds {naive.size_info.total_size} tokens")
+print(
+    f"naive prefix cache: match of any prompt -> cached_len={match.cuda_handle.cached_len}, "
+    f"holds {naive.size_info.total_size} tokens"
+)
 tables.free(a)
 tables.free(b)
 print(f"rows returned: {tables.available_size} free")

@@ -20,14 +20,24 @@ from minisgl.env import ENV
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 parser.add_argument("--plot", metavar="FILE", help="also draw the batch timeline to FILE (png/svg)")
 args = parser.parse_args()
 
 ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch",
-          max_running_req=8, num_page_override=1024, max_seq_len_override=512, cache_type="naive")
+llm = LLM(
+    args.model,
+    dtype=torch.float32,
+    device=args.device,
+    attention_backend="torch",
+    max_running_req=8,
+    num_page_override=1024,
+    max_seq_len_override=512,
+    cache_type="naive",
+)
 
 steps: List[Tuple[str, List[Tuple[int, int]]]] = []  # (phase, [(uid, extend_len)]) per step
 original_forward = llm._forward
@@ -42,8 +52,13 @@ def traced_forward(forward_input):
 
 
 llm._forward = traced_forward
-prompts = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
-           "1 + 1 =", "Once upon a time,"]
+prompts = [
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+    "1 + 1 =",
+    "Once upon a time,",
+]
 lengths = [6, 2, 5, 1, 4]  # different max_tokens: the short requests finish and leave first
 print("the scheduling trace:")
 outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
@@ -52,10 +67,14 @@ tokenizer = AutoTokenizer.from_pretrained(args.model)
 hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(llm.device)
 for prompt, n, out in zip(prompts, lengths, outputs):
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(llm.device)
-    ref = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, ids.shape[1]:].tolist()
+    ref = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[
+        0, ids.shape[1] :
+    ].tolist()
     print(f"{prompt!r:<30} -> {out['text']!r:<32} matches HF: {out['token_ids'] == ref}")
-print(f"afterwards: {llm.table_manager.available_size} of 8 table rows free, "
-      f"{llm.cache_manager.num_free_pages} of {llm.engine.num_pages} KV pages free")
+print(
+    f"afterwards: {llm.table_manager.available_size} of 8 table rows free, "
+    f"{llm.cache_manager.num_free_pages} of {llm.engine.num_pages} KV pages free"
+)
 llm.shutdown()
 
 if args.plot:
@@ -70,13 +89,17 @@ if args.plot:
     for step, (phase, reqs) in enumerate(steps):
         for uid, extend in reqs:
             ax.add_patch(plt.Rectangle((step + 0.05, uid - 0.4), 0.9, 0.8, color=colors[phase]))
-            ax.text(step + 0.5, uid, str(extend), ha="center", va="center", fontsize=8, color="white")
+            ax.text(
+                step + 0.5, uid, str(extend), ha="center", va="center", fontsize=8, color="white"
+            )
     ax.set_xlim(0, len(steps))
     ax.set_ylim(len(prompts) - 0.5, -0.5)
     ax.set_xticks([s + 0.5 for s in range(len(steps))], [str(s) for s in range(len(steps))])
     ax.set_yticks(range(len(prompts)), [f"uid{u} (max_tokens={n})" for u, n in enumerate(lengths)])
     ax.set_xlabel("scheduler step (numbers: tokens fed to the model)")
-    ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items()], loc="lower right", fontsize=8)
+    ax.legend(
+        handles=[Patch(color=c, label=p) for p, c in colors.items()], loc="lower right", fontsize=8
+    )
     ax.set_title("continuous batching: who is in each step's batch")
     fig.tight_layout()
     fig.savefig(args.plot, dpi=150)

@@ -25,7 +25,9 @@ from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 args = parser.parse_args()
 
@@ -53,8 +55,10 @@ for step in range(5):
     cache.allocate_paged([req])  # pages for positions [cached_len, device_len) not yet covered
     req.complete_one()  # what the forward pass does: those positions are now cached
     decode.filter_reqs([req])
-    print(f"  step {step}: positions {positions:<8} -> {before - cache.num_free_pages} new page(s), "
-          f"the row points at pages {pages_of(req)}, free pages {cache.num_free_pages}/8")
+    print(
+        f"  step {step}: positions {positions:<8} -> {before - cache.num_free_pages} new page(s), "
+        f"the row points at pages {pages_of(req)}, free pages {cache.num_free_pages}/8"
+    )
 with cache.lazy_free_region():  # how the scheduler frees: once per result-processing pass
     cache.cache_req(req, finished=True)  # the naive cache keeps nothing: every page comes back
     print(f"  finished: inside lazy_free_region free pages are still {cache.num_free_pages}/8")
@@ -66,8 +70,17 @@ print("  check_integrity: free + cached pages == all pages, none free twice")
 # ---- part 2: admission control with a real model ------------------------------------------------
 print(f"\npart 2: {os.path.basename(args.model)}, a pool of 10 pages x {P} tokens = 40 tokens")
 ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch", max_running_req=4,
-          num_page_override=10, page_size=P, max_seq_len_override=256, cache_type="naive")
+llm = LLM(
+    args.model,
+    dtype=torch.float32,
+    device=args.device,
+    attention_backend="torch",
+    max_running_req=4,
+    num_page_override=10,
+    page_size=P,
+    max_seq_len_override=256,
+    cache_type="naive",
+)
 original_forward = llm._forward
 
 
@@ -76,8 +89,10 @@ def traced_forward(forward_input):
     detail = " ".join(f"uid{r.uid}:{r.extend_len}" for r in batch.reqs)
     output = original_forward(forward_input)  # pages were allocated while preparing it
     reserved = llm.decode_manager.inflight_tokens
-    line = (f"  {batch.phase:<7} [{detail:<13}] free pages {llm.cache_manager.num_free_pages:>2}/10, "
-            f"reserved for decoding {reserved:>2} tokens")
+    line = (
+        f"  {batch.phase:<7} [{detail:<13}] free pages {llm.cache_manager.num_free_pages:>2}/10, "
+        f"reserved for decoding {reserved:>2} tokens"
+    )
     if llm.prefill_manager.pending_list:  # what the next step's admission check will see
         head = llm.prefill_manager.pending_list[0]
         needed, free = head.input_len + head.output_len, llm.cache_manager.available_size
@@ -91,8 +106,10 @@ llm._forward = traced_forward
 prompts = ["The capital of France is", "Once upon a time,", "List three prime numbers:"]
 params = SamplingParams(max_tokens=8, ignore_eos=True)
 lengths = [len(llm.tokenizer.encode(p)) for p in prompts]
-print(f"  prompts of {lengths} tokens, 8 output tokens each; once admitted, a request reserves "
-      f"prompt + 8 + (P - 1) tokens")
+print(
+    f"  prompts of {lengths} tokens, 8 output tokens each; once admitted, a request reserves "
+    f"prompt + 8 + (P - 1) tokens"
+)
 outputs = llm.generate(prompts, params)
 llm.cache_manager.check_integrity()
 print(f"  afterwards: {llm.cache_manager.num_free_pages}/10 pages free, check_integrity passed")
@@ -101,6 +118,8 @@ tokenizer = AutoTokenizer.from_pretrained(args.model)
 hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(llm.device)
 for prompt, out in zip(prompts, outputs):
     x = tokenizer(prompt, return_tensors="pt").input_ids.to(llm.device)
-    ref = hf.generate(x, max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, x.shape[1]:].tolist()
+    ref = hf.generate(x, max_new_tokens=8, min_new_tokens=8, do_sample=False)[
+        0, x.shape[1] :
+    ].tolist()
     print(f"  {prompt!r:<28} -> {out['text']!r:<36} matches HF: {out['token_ids'] == ref}")
 llm.shutdown()

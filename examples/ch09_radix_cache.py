@@ -20,17 +20,24 @@ from minisgl.env import ENV
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 args = parser.parse_args()
 
 SYSTEM = "You are a friendly assistant. You answer every question in one short sentence.\n"
-OTHER = ("A long unrelated document: the history of the bicycle begins in the early nineteenth "
-         "century, when inventors in Europe built wooden machines pushed along by the rider's feet, "
-         "and continued through pedals, chains and pneumatic tyres. Summary:")
+OTHER = (
+    "A long unrelated document: the history of the bicycle begins in the early nineteenth "
+    "century, when inventors in Europe built wooden machines pushed along by the rider's feet, "
+    "and continued through pedals, chains and pneumatic tyres. Summary:"
+)
 ROUNDS = [
     ("a cold cache", [SYSTEM + "The capital of France is"]),
-    ("the system prompt is shared", [SYSTEM + "Once upon a time,", SYSTEM + "The capital of France is"]),
+    (
+        "the system prompt is shared",
+        [SYSTEM + "Once upon a time,", SYSTEM + "The capital of France is"],
+    ),
     ("an unrelated long prompt needs room", [OTHER]),
     ("what survived the eviction", [SYSTEM + "List three prime numbers:"]),
 ]
@@ -45,22 +52,32 @@ hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(ar
 def hf_greedy(prompt):
     x = tokenizer(prompt, return_tensors="pt").input_ids.to(args.device)
     out = hf.generate(x, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, do_sample=False)
-    return out[0, x.shape[1]:].tolist()
+    return out[0, x.shape[1] :].tolist()
 
 
 def tree_line(llm):
     cache = llm.cache_manager.prefix_cache
     info = cache.size_info
     nodes = sum(1 for _ in cache._nodes())
-    return (f"tree: {nodes} nodes, {info.total_size} tokens cached ({info.evictable_size} evictable, "
-            f"{info.protected_size} in use); free pages {llm.cache_manager.num_free_pages}")
+    return (
+        f"tree: {nodes} nodes, {info.total_size} tokens cached ({info.evictable_size} evictable, "
+        f"{info.protected_size} in use); free pages {llm.cache_manager.num_free_pages}"
+    )
 
 
 for P in [1, 4]:
     print(f"page size {P}: a pool of {POOL_TOKENS // P} pages = {POOL_TOKENS} tokens")
-    llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch",
-              max_running_req=4, num_page_override=POOL_TOKENS // P, page_size=P,
-              max_seq_len_override=256, cache_type="radix")
+    llm = LLM(
+        args.model,
+        dtype=torch.float32,
+        device=args.device,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=POOL_TOKENS // P,
+        page_size=P,
+        max_seq_len_override=256,
+        cache_type="radix",
+    )
     cache = llm.cache_manager.prefix_cache
     original_forward, original_evict = llm._forward, cache.evict
 
@@ -69,8 +86,10 @@ for P in [1, 4]:
         if batch.is_prefill:
             for r in batch.reqs:
                 total = len(r.input_ids)
-                print(f"    uid{r.uid}: prompt {total:>2} tokens, matched {r.cached_len:>2} in the cache, "
-                      f"computes {r.extend_len:>2}")
+                print(
+                    f"    uid{r.uid}: prompt {total:>2} tokens, matched {r.cached_len:>2} in the cache, "
+                    f"computes {r.extend_len:>2}"
+                )
         return original(forward_input)
 
     def traced_evict(size, cache=cache, original=original_evict):
@@ -78,8 +97,10 @@ for P in [1, 4]:
         freed = original(size)
         left = {id(n) for n in cache._nodes()}
         gone = [repr(tokenizer.decode(n.key)) for n in before if id(n) not in left]
-        print(f"    evict: asked for {size} tokens, freed {len(freed)}: the least recently used "
-              f"unreferenced leaves {', '.join(gone)}")
+        print(
+            f"    evict: asked for {size} tokens, freed {len(freed)}: the least recently used "
+            f"unreferenced leaves {', '.join(gone)}"
+        )
         return freed
 
     llm._forward, cache.evict = traced_forward, traced_evict

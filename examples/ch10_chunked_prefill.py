@@ -20,7 +20,9 @@ from minisgl.llm import LLM
 from minisgl.scheduler.prefill import ChunkedReq
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 args = parser.parse_args()
 
@@ -35,9 +37,17 @@ ENV.DISABLE_OVERLAP_SCHEDULING.value = True
 
 
 def run(budget, trace):
-    llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch",
-              max_running_req=4, num_page_override=512, max_seq_len_override=256,
-              cache_type="naive", max_extend_tokens=budget)
+    llm = LLM(
+        args.model,
+        dtype=torch.float32,
+        device=args.device,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=512,
+        max_seq_len_override=256,
+        cache_type="naive",
+        max_extend_tokens=budget,
+    )
     original = llm._forward
 
     def traced(forward_input):
@@ -69,6 +79,10 @@ tokenizer = AutoTokenizer.from_pretrained(args.model)
 hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device)
 for prompt, tokens, whole in zip(prompts, chunked, one_shot):
     x = tokenizer(prompt, return_tensors="pt").input_ids.to(args.device)
-    ref = hf.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False)[0, x.shape[1]:].tolist()
-    print(f"{prompt[:24]!r:<27} -> {tokenizer.decode(tokens)!r:<26} same as one-shot prefill: "
-          f"{tokens == whole}, matches HF: {tokens == ref}")
+    ref = hf.generate(x, max_new_tokens=6, min_new_tokens=6, do_sample=False)[
+        0, x.shape[1] :
+    ].tolist()
+    print(
+        f"{prompt[:24]!r:<27} -> {tokenizer.decode(tokens)!r:<26} same as one-shot prefill: "
+        f"{tokens == whole}, matches HF: {tokens == ref}"
+    )

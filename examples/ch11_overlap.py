@@ -26,14 +26,24 @@ from minisgl.env import ENV
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
-parser.add_argument("--requests", type=int, help="how many requests (default 3 on the CPU, 32 on CUDA)")
-parser.add_argument("--max-tokens", type=int, help="tokens per request (default 6 on the CPU, 128 on CUDA)")
+parser.add_argument(
+    "--requests", type=int, help="how many requests (default 3 on the CPU, 32 on CUDA)"
+)
+parser.add_argument(
+    "--max-tokens", type=int, help="tokens per request (default 6 on the CPU, 128 on CUDA)"
+)
 parser.add_argument("--timeline", type=int, default=10, help="timeline lines to print per mode")
-parser.add_argument("--attention-backend", help="default: torch on the CPU, auto (FlashInfer if installed) on CUDA")
+parser.add_argument(
+    "--attention-backend", help="default: torch on the CPU, auto (FlashInfer if installed) on CUDA"
+)
 parser.add_argument("--dtype", help="default: float32 on the CPU, bfloat16 on CUDA")
-parser.add_argument("--cuda-graph-max-bs", type=int, help="0 turns CUDA graphs off (default: the engine's)")
+parser.add_argument(
+    "--cuda-graph-max-bs", type=int, help="0 turns CUDA graphs off (default: the engine's)"
+)
 args = parser.parse_args()
 cuda = args.device.startswith("cuda")
 backend = args.attention_backend or ("auto" if cuda else "torch")
@@ -41,13 +51,28 @@ dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))
 n_requests = args.requests or (32 if cuda else 3)
 max_tokens = args.max_tokens or (128 if cuda else 6)
 
-subjects = ["The capital of France is", "Once upon a time,", "The best way to learn a language is",
-            "In the year 2050, cities will", "A good cup of coffee needs", "The ocean is deep because"]
-prompts = [subjects[i % len(subjects)] + f" (note {i})" * (i // len(subjects)) for i in range(n_requests)]
+subjects = [
+    "The capital of France is",
+    "Once upon a time,",
+    "The best way to learn a language is",
+    "In the year 2050, cities will",
+    "A good cup of coffee needs",
+    "The ocean is deep because",
+]
+prompts = [
+    subjects[i % len(subjects)] + f" (note {i})" * (i // len(subjects)) for i in range(n_requests)
+]
 params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-llm = LLM(args.model, dtype=dtype, device=args.device, attention_backend=backend,
-          max_running_req=max(4, n_requests), max_seq_len_override=512, cache_type="naive",
-          cuda_graph_max_bs=args.cuda_graph_max_bs)
+llm = LLM(
+    args.model,
+    dtype=dtype,
+    device=args.device,
+    attention_backend=backend,
+    max_running_req=max(4, n_requests),
+    max_seq_len_override=512,
+    cache_type="naive",
+    cuda_graph_max_bs=args.cuda_graph_max_bs,
+)
 events = []  # (seconds, "launch" | "results", batch number, phase, batch size)
 launched = []  # the batches, in launch order (kept alive, so identity finds their number)
 original_forward, original_process = llm._forward, llm._process_last_data
@@ -89,7 +114,9 @@ results = {}
 for overlap in [False, True]:
     outputs, seconds, timeline, start = run(overlap)
     results[overlap] = (outputs, seconds, len(launched))
-    print(f"overlap {'on' if overlap else 'off'}: {len(launched)} batches, first {args.timeline} events")
+    print(
+        f"overlap {'on' if overlap else 'off'}: {len(launched)} batches, first {args.timeline} events"
+    )
     handled = set()
     for t, what, n, phase, size in timeline[: args.timeline]:
         note = ""
@@ -97,14 +124,20 @@ for overlap in [False, True]:
             note = f"   <- before batch {n - 1}'s results are handled"
         if what == "results":
             handled.add(n)
-        print(f"  {1000 * (t - start):8.1f} ms  {what:<7} batch {n:<3} ({phase}, {size} requests){note}")
+        print(
+            f"  {1000 * (t - start):8.1f} ms  {what:<7} batch {n:<3} ({phase}, {size} requests){note}"
+        )
 
 (off, t_off, steps_off), (on, t_on, steps_on) = results[False], results[True]
 print(f"same outputs with overlap on and off: {off == on}")
-print(f"mean time per step: overlap off {1000 * t_off / steps_off:.2f} ms, "
-      f"on {1000 * t_on / steps_on:.2f} ms ({n_requests} requests x {max_tokens} tokens, {args.device}, "
-      f"{type(llm.engine.attn_backend).__name__}, {str(dtype).removeprefix('torch.')})")
-print(f"overlap is {t_off / t_on:.2f}x as fast" + ("" if cuda else
-      " (on the CPU nothing runs in parallel, so expect about 1x)"))
+print(
+    f"mean time per step: overlap off {1000 * t_off / steps_off:.2f} ms, "
+    f"on {1000 * t_on / steps_on:.2f} ms ({n_requests} requests x {max_tokens} tokens, {args.device}, "
+    f"{type(llm.engine.attn_backend).__name__}, {str(dtype).removeprefix('torch.')})"
+)
+print(
+    f"overlap is {t_off / t_on:.2f}x as fast"
+    + ("" if cuda else " (on the CPU nothing runs in parallel, so expect about 1x)")
+)
 print(f"first reply: {llm.tokenizer.decode(on[0])!r}")
 llm.shutdown()

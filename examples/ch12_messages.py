@@ -16,10 +16,18 @@ import shutil
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.message import AbortMsg, BatchTokenizerMsg, DetokenizeMsg, ExitMsg, TokenizeMsg, UserMsg
+from minisgl.message import (
+    AbortMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    TokenizeMsg,
+    UserMsg,
+)
 from minisgl.message.frontend import UserReply
 from minisgl.message.utils import dumps, loads, serialize
 from minisgl.utils.mp import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue, new_ipc_dir
+
 
 def child(addr: str) -> None:
     queue = ZmqPushQueue(addr, create=False, encoder=dumps)
@@ -30,12 +38,28 @@ def child(addr: str) -> None:
 
 def main() -> None:
     messages = [
-        TokenizeMsg(uid=0, text=[{"role": "user", "content": "Bonjour 👋"}], sampling_params=SamplingParams()),
-        UserMsg(uid=0, input_ids=torch.arange(100, 1124, dtype=torch.int32), sampling_params=SamplingParams()),
+        TokenizeMsg(
+            uid=0,
+            text=[{"role": "user", "content": "Bonjour 👋"}],
+            sampling_params=SamplingParams(),
+        ),
+        UserMsg(
+            uid=0,
+            input_ids=torch.arange(100, 1124, dtype=torch.int32),
+            sampling_params=SamplingParams(),
+        ),
         DetokenizeMsg(uid=0, next_token=9906, finished=False),
-        BatchTokenizerMsg(data=[DetokenizeMsg(uid=u, next_token=13, finished=u == 2) for u in range(3)]),
-        UserReply(uid=0, incremental_output=" Paris", finished=True, finish_reason="stop", num_prompt_tokens=1024,
-                  num_output_tokens=8),
+        BatchTokenizerMsg(
+            data=[DetokenizeMsg(uid=u, next_token=13, finished=u == 2) for u in range(3)]
+        ),
+        UserReply(
+            uid=0,
+            incremental_output=" Paris",
+            finished=True,
+            finish_reason="stop",
+            num_prompt_tokens=1024,
+            num_output_tokens=8,
+        ),
         AbortMsg(uid=1),
         ExitMsg(),
     ]
@@ -43,9 +67,15 @@ def main() -> None:
     for msg in messages:
         raw = dumps(msg)
         back = loads(raw)
-        same = repr(back) == repr(msg) and (not isinstance(msg, UserMsg) or torch.equal(back.input_ids, msg.input_ids))
+        same = repr(back) == repr(msg) and (
+            not isinstance(msg, UserMsg) or torch.equal(back.input_ids, msg.input_ids)
+        )
         print(f"{type(msg).__name__:<20} {len(raw):>6}  {'equal' if same else 'DIFFERENT'}")
-    print("a 1024-token prompt is", len(dumps(messages[1])), "bytes: 4 per int32 id, plus the envelope")
+    print(
+        "a 1024-token prompt is",
+        len(dumps(messages[1])),
+        "bytes: 4 per int32 id, plus the envelope",
+    )
     print("what msgpack sees for a DetokenizeMsg:", serialize(messages[2]))
 
     ipc_dir = new_ipc_dir()

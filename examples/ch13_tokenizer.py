@@ -21,13 +21,19 @@ from minisgl.tokenizer import DetokenizeManager, TokenizeManager
 from minisgl.utils import load_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
-parser.add_argument("--tokenizer", default="models/qwen3-tokenizer", help="a second tokenizer to stream with")
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
+parser.add_argument(
+    "--tokenizer", default="models/qwen3-tokenizer", help="a second tokenizer to stream with"
+)
 args = parser.parse_args()
 
 tokenizer = load_tokenizer(args.model)
 chat = [{"role": "user", "content": "Say hello in Japanese."}]
-[ids] = TokenizeManager(tokenizer).tokenize([TokenizeMsg(uid=0, text=chat, sampling_params=SamplingParams())])
+[ids] = TokenizeManager(tokenizer).tokenize(
+    [TokenizeMsg(uid=0, text=chat, sampling_params=SamplingParams())]
+)
 print(f"chat request -> {len(ids)} prompt tokens; the template renders it as:")
 print("    " + repr(tokenizer.decode(ids.tolist())))
 
@@ -41,10 +47,14 @@ for path in (args.model, args.tokenizer):
     print(f"  {'token':>7}  {'decoded alone':<16} streamed chunk")
     chunks = []
     for k, token in enumerate(out_ids):
-        [delta] = manager.detokenize([DetokenizeMsg(uid=0, next_token=token, finished=k == len(out_ids) - 1)])
+        [delta] = manager.detokenize(
+            [DetokenizeMsg(uid=0, next_token=token, finished=k == len(out_ids) - 1)]
+        )
         chunks.append(delta.text)
         print(f"  {token:>7}  {tok.decode([token])!r:<16} {delta.text!r}")
     naive = "".join(tok.decode([t]) for t in out_ids)
     print(f"  naive per-token text: {naive!r}")
-    print(f"  streamed chunks join to the full decode: {''.join(chunks) == tok.decode(out_ids) == reply}; "
-          f"any U+FFFD sent: {any(chr(0xFFFD) in c for c in chunks)}")
+    print(
+        f"  streamed chunks join to the full decode: {''.join(chunks) == tok.decode(out_ids) == reply}; "
+        f"any U+FFFD sent: {any(chr(0xFFFD) in c for c in chunks)}"
+    )

@@ -27,16 +27,30 @@ from minisgl.utils import load_tokenizer
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, new_ipc_dir
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
 ipc_dir = new_ipc_dir()
-config = SchedulerConfig(model_path=args.model, dtype=torch.float32, device=args.device, attention_backend="torch",
-                         max_running_req=8, num_page_override=2048, max_seq_len_override=256, ipc_dir=ipc_dir)
-scheduler = Scheduler(config)  # online: binds config.zmq_backend_addr, connects to the detokenizer's
-print(f"scheduler listening on ipc://.../{os.path.basename(config.zmq_backend_addr)}, "
-      f"replying to ipc://.../{os.path.basename(config.zmq_detokenizer_addr)}")
+config = SchedulerConfig(
+    model_path=args.model,
+    dtype=torch.float32,
+    device=args.device,
+    attention_backend="torch",
+    max_running_req=8,
+    num_page_override=2048,
+    max_seq_len_override=256,
+    ipc_dir=ipc_dir,
+)
+scheduler = Scheduler(
+    config
+)  # online: binds config.zmq_backend_addr, connects to the detokenizer's
+print(
+    f"scheduler listening on ipc://.../{os.path.basename(config.zmq_backend_addr)}, "
+    f"replying to ipc://.../{os.path.basename(config.zmq_detokenizer_addr)}"
+)
 
 
 def serve() -> None:
@@ -62,11 +76,17 @@ def read_until(done) -> List:
 
 
 tok = load_tokenizer(args.model)
-prompts = {0: ("The capital of France is", 8), 1: ("def fibonacci(n):", 12), 2: ("Once upon a time,", 5)}
+prompts = {
+    0: ("The capital of France is", 8),
+    1: ("def fibonacci(n):", 12),
+    2: ("Once upon a time,", 5),
+}
 for uid, (prompt, n) in prompts.items():
     ids = torch.tensor(tok.encode(prompt), dtype=torch.int32)
     to_scheduler.put(UserMsg(uid, ids, SamplingParams(max_tokens=n, ignore_eos=True)))
-to_scheduler.put(UserMsg(3, torch.zeros(300, dtype=torch.int32), SamplingParams(max_tokens=4)))  # > 256
+to_scheduler.put(
+    UserMsg(3, torch.zeros(300, dtype=torch.int32), SamplingParams(max_tokens=4))
+)  # > 256
 finished = lambda got: {m.uid for m in got if getattr(m, "finished", False)} >= {0, 1, 2, 3}  # noqa: E731
 tokens: Dict[int, List[int]] = {}
 for m in read_until(finished):
@@ -77,8 +97,13 @@ for m in read_until(finished):
 for uid, (prompt, _) in prompts.items():
     print(f"uid {uid}: {prompt!r} + {len(tokens[uid])} tokens -> {tok.decode(tokens[uid])!r}")
 
-to_scheduler.put(UserMsg(4, torch.tensor(tok.encode("Count: 1, 2,"), dtype=torch.int32),
-                         SamplingParams(max_tokens=200, ignore_eos=True)))
+to_scheduler.put(
+    UserMsg(
+        4,
+        torch.tensor(tok.encode("Count: 1, 2,"), dtype=torch.int32),
+        SamplingParams(max_tokens=200, ignore_eos=True),
+    )
+)
 got = read_until(lambda got: len(got) >= 3)
 to_scheduler.put(AbortBackendMsg(uid=4))  # the client went away
 print(f"uid 4: aborted after {len(got)}+ of 200 tokens")
@@ -96,8 +121,20 @@ for uid in range(100, 200):
     if stats["running_reqs"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]:
         break
     stats = ask_stats(uid)
-print("counters once idle:", {k: stats[k] for k in ("kv_pages_in_use", "table_rows_free", "table_rows_total",
-                                                      "running_reqs", "pending_reqs", "max_seq_len")})
+print(
+    "counters once idle:",
+    {
+        k: stats[k]
+        for k in (
+            "kv_pages_in_use",
+            "table_rows_free",
+            "table_rows_total",
+            "running_reqs",
+            "pending_reqs",
+            "max_seq_len",
+        )
+    },
+)
 
 to_scheduler.put(ExitMsg())
 thread.join()

@@ -23,14 +23,25 @@ from minisgl.kernel import use_flashinfer, use_triton
 from minisgl.utils import load_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 args = parser.parse_args()
 on_gpu = args.device.startswith("cuda")
 
-engine = Engine(EngineConfig(args.model, dtype=torch.bfloat16 if on_gpu else torch.float32, device=args.device,
-                             page_size=4, max_running_req=4, num_page_override=256, max_seq_len_override=128,
-                             cuda_graph_max_bs=0))
+engine = Engine(
+    EngineConfig(
+        args.model,
+        dtype=torch.bfloat16 if on_gpu else torch.float32,
+        device=args.device,
+        page_size=4,
+        max_running_req=4,
+        num_page_override=256,
+        max_seq_len_override=128,
+        cuda_graph_max_bs=0,
+    )
+)
 tok = load_tokenizer(args.model)
 prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 ids = [tok.encode(p) for p in prompts]
@@ -39,8 +50,10 @@ reqs[2].cached_len = 8  # as if the prefix cache had matched its first two pages
 
 print("token slots of each request (page size 4; slot = page * 4 + offset):")
 for r in reqs:
-    print(f"  row {r.table_idx}: {engine.page_table[r.table_idx, : r.device_len].tolist()}  "
-          f"(cached {r.cached_len}, new {r.extend_len})")
+    print(
+        f"  row {r.table_idx}: {engine.page_table[r.table_idx, : r.device_len].tolist()}  "
+        f"(cached {r.cached_len}, new {r.extend_len})"
+    )
 index = paged_kv_index(engine.page_table, reqs, page_size=4)
 print("what FlashInfer's prefill wrapper is planned with:")
 print(f"  qo_indptr        {index.qo_indptr.tolist()}   (query rows of each request)")
@@ -48,14 +61,18 @@ print(f"  kv_indptr        {index.kv_indptr.tolist()}   (its pages in kv_page_id
 print(f"  kv_page_ids      {index.kv_page_ids.tolist()}")
 print(f"  kv_last_page_len {index.kv_last_page_len.tolist()}   (slots used in each last page)")
 mc = engine.config.model_config
-print(f"decode on tensor cores for this model ({mc.num_qo_heads} query / {mc.num_kv_heads} KV heads): "
-      f"{use_tensor_cores(mc.num_qo_heads, mc.num_kv_heads)}")
+print(
+    f"decode on tensor cores for this model ({mc.num_qo_heads} query / {mc.num_kv_heads} KV heads): "
+    f"{use_tensor_cores(mc.num_qo_heads, mc.num_kv_heads)}"
+)
 
 x = torch.zeros(1, device=engine.device, dtype=engine.dtype)
 fi_or_torch = "FlashInfer" if use_flashinfer(x) else "torch reference"
-print(f"on {engine.device} in {engine.dtype}: norms, SwiGLU, RoPE and sampling use the {fi_or_torch}; "
-      f"KV store and embedding use {'Triton' if use_triton(x) else 'the torch reference'}; "
-      f"attention backend {type(engine.attn_backend).__name__}")
+print(
+    f"on {engine.device} in {engine.dtype}: norms, SwiGLU, RoPE and sampling use the {fi_or_torch}; "
+    f"KV store and embedding use {'Triton' if use_triton(x) else 'the torch reference'}; "
+    f"attention backend {type(engine.attn_backend).__name__}"
+)
 
 if type(engine.attn_backend).__name__ == "FlashInferBackend":
     reqs = manual.place(engine, ids, 6)
@@ -65,8 +82,12 @@ if type(engine.attn_backend).__name__ == "FlashInferBackend":
     for step, (a, b) in enumerate(zip(fi_logits, torch_logits)):
         rel = float((a - b).abs().max() / (b.max() - b.min()))
         same = (a.argmax(-1) == b.argmax(-1)).tolist()
-        print(f"  step {step}: max |fi - torch| = {rel:.3%} of the logit range; same argmax per request {same}")
+        print(
+            f"  step {step}: max |fi - torch| = {rel:.3%} of the logit range; same argmax per request {same}"
+        )
     print("greedy (FlashInfer): " + " | ".join(repr(tok.decode(t)) for t in tokens))
 else:
-    print("(no FlashInfer here: on a GPU with flashinfer installed this compares its logits with torch's)")
+    print(
+        "(no FlashInfer here: on a GPU with flashinfer installed this compares its logits with torch's)"
+    )
 engine.shutdown()

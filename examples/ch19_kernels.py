@@ -28,9 +28,13 @@ torch_ops.store_cache(k_cache, v_cache, out_loc, k, -k)
 print("store: slot -> first K value after storing tokens 0, 1, 2 at slots [5, 1, 6]:")
 print("  " + ", ".join(f"{s}:{int(k_cache[s, 0, 0])}" for s in range(8)))
 table = torch.arange(12, dtype=torch.float32).view(6, 2)
-print(f"gather: ids [4, 0, 4] from a 6 x 2 table -> {torch_ops.embedding_gather(torch.tensor([4, 0, 4]), table).tolist()}")
-print(f"on {device}: the engine's KV store and embedding run on "
-      f"{'Triton' if use_triton(torch.zeros(1, device=device)) else 'the torch reference'}")
+print(
+    f"gather: ids [4, 0, 4] from a 6 x 2 table -> {torch_ops.embedding_gather(torch.tensor([4, 0, 4]), table).tolist()}"
+)
+print(
+    f"on {device}: the engine's KV store and embedding run on "
+    f"{'Triton' if use_triton(torch.zeros(1, device=device)) else 'the torch reference'}"
+)
 
 
 def time_ms(fn, iters: int = 100) -> float:
@@ -51,24 +55,37 @@ if use_triton(torch.zeros(1, device=device)):
     dt = torch.bfloat16
     w = torch.randn(151936, 1024, device=device, dtype=dt)
     for tokens in (256, 8192):
-        qkv = torch.randn(tokens, 32 * 128, device=device, dtype=dt)  # Qwen3-0.6B: 16 q + 8 k + 8 v heads
+        qkv = torch.randn(
+            tokens, 32 * 128, device=device, dtype=dt
+        )  # Qwen3-0.6B: 16 q + 8 k + 8 v heads
         k, v = qkv[:, 2048:3072].view(tokens, 8, 128), qkv[:, 3072:].view(tokens, 8, 128)
         loc = torch.randperm(65536, device=device)[:tokens].to(torch.int32)
-        kc, vc = torch.zeros(65536, 8, 128, device=device, dtype=dt), torch.zeros(65536, 8, 128, device=device, dtype=dt)
+        kc, vc = (
+            torch.zeros(65536, 8, 128, device=device, dtype=dt),
+            torch.zeros(65536, 8, 128, device=device, dtype=dt),
+        )
         kr, vr = kc.clone(), vc.clone()
         triton_store.store_cache(kc, vc, loc, k, v)
         torch_ops.store_cache(kr, vr, loc.long(), k, v)
         ids = torch.randint(0, 151936, (tokens,), device=device, dtype=torch.int32)
         same = torch.equal(kc, kr) and torch.equal(vc, vr)
-        same_gather = torch.equal(triton_store.embedding_gather(ids, w), torch_ops.embedding_gather(ids.long(), w))
+        same_gather = torch.equal(
+            triton_store.embedding_gather(ids, w), torch_ops.embedding_gather(ids.long(), w)
+        )
         t_ref = time_ms(lambda: torch_ops.store_cache(kr, vr, loc.long(), k, v))
         t_tri = time_ms(lambda: triton_store.store_cache(kc, vc, loc, k, v))
         g_ref = time_ms(lambda: torch_ops.embedding_gather(ids.long(), w))
         g_tri = time_ms(lambda: triton_store.embedding_gather(ids, w))
         moved = 2 * 2 * tokens * 8 * 128 * 2  # K and V, read and written, bf16
-        print(f"{tokens:>5} tokens: store  same bits {same}, torch {t_ref * 1e3:6.1f} us, triton {t_tri * 1e3:6.1f} us "
-              f"({moved / (t_tri / 1e3) / 1e9:,.0f} GB/s)")  # t_tri is in ms
-        print(f"{tokens:>5} tokens: gather same bits {same_gather}, torch {g_ref * 1e3:6.1f} us, "
-              f"triton {g_tri * 1e3:6.1f} us")
+        print(
+            f"{tokens:>5} tokens: store  same bits {same}, torch {t_ref * 1e3:6.1f} us, triton {t_tri * 1e3:6.1f} us "
+            f"({moved / (t_tri / 1e3) / 1e9:,.0f} GB/s)"
+        )  # t_tri is in ms
+        print(
+            f"{tokens:>5} tokens: gather same bits {same_gather}, torch {g_ref * 1e3:6.1f} us, "
+            f"triton {g_tri * 1e3:6.1f} us"
+        )
 else:
-    print("(no GPU here: on one, this compares the Triton kernels with torch bit for bit and times both)")
+    print(
+        "(no GPU here: on one, this compares the Triton kernels with torch bit for bit and times both)"
+    )

@@ -20,17 +20,22 @@ from minisgl.benchmark import offline
 from minisgl.benchmark.workload import nano_vllm_workload
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=None, help="default: SmolLM2 for the scaled-down run, "
-                    "models/qwen3-0.6b-shaped with --full")
+parser.add_argument(
+    "--model",
+    default=None,
+    help="default: SmolLM2 for the scaled-down run, models/qwen3-0.6b-shaped with --full",
+)
 parser.add_argument("--full", action="store_true", help="the whole 256-request workload")
 parser.add_argument("--hf", action="store_true", help="also run transformers' continuous batching")
 args = parser.parse_args()
 
 w = nano_vllm_workload()
 lengths = sorted(len(p) for p in w.prompts)
-print(f"nano-vllm workload: {w.num_requests} requests, prompts of {lengths[0]}..{lengths[-1]} tokens "
-      f"({w.input_tokens:,} in all), {min(w.max_tokens)}..{max(w.max_tokens)} output tokens each "
-      f"({w.output_tokens:,} in all), temperature {w.temperature}, EOS ignored")
+print(
+    f"nano-vllm workload: {w.num_requests} requests, prompts of {lengths[0]}..{lengths[-1]} tokens "
+    f"({w.input_tokens:,} in all), {min(w.max_tokens)}..{max(w.max_tokens)} output tokens each "
+    f"({w.output_tokens:,} in all), temperature {w.temperature}, EOS ignored"
+)
 print(f"first prompt starts {w.prompts[0][:6]}, asks for {w.max_tokens[0]} tokens")
 
 on_gpu = torch.cuda.is_available()
@@ -39,8 +44,22 @@ if args.full:
     argv = ["--model", model]
 else:
     model = args.model or os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
-    argv = ["--model", model, "--num-seqs", "64" if on_gpu else "4", "--input-len", "16", "64",
-            "--output-len", "8", "32" if on_gpu else "8", "--max-seq-len", "256", "--page-size", "16"]
+    argv = [
+        "--model",
+        model,
+        "--num-seqs",
+        "64" if on_gpu else "4",
+        "--input-len",
+        "16",
+        "64",
+        "--output-len",
+        "8",
+        "32" if on_gpu else "8",
+        "--max-seq-len",
+        "256",
+        "--page-size",
+        "16",
+    ]
     if not on_gpu:
         argv += ["--device", "cpu", "--input-len", "4", "16"]
 offline.main(argv + (["--hf"] if args.hf else []))

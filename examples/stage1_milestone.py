@@ -32,7 +32,9 @@ PAGE_SIZE = 4
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--model", help="one model folder (default: the three models of the book)")
-parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch attention backend on both)")
+parser.add_argument(
+    "--device", default="cpu", help="cpu or cuda (the torch attention backend on both)"
+)
 parser.add_argument("--new-tokens", type=int, default=10, help="tokens to generate per prompt")
 args = parser.parse_args()
 
@@ -49,22 +51,46 @@ def hand_out_slots(engine: Engine, req: Req, free_pages: List[int]) -> None:
 
 
 def run_by_hand(path: Path) -> None:
-    engine = Engine(EngineConfig(str(path), dtype=torch.float32, device=args.device, attention_backend="torch",
-                                 page_size=PAGE_SIZE, max_running_req=4, num_page_override=64,
-                                 max_seq_len_override=128))
+    engine = Engine(
+        EngineConfig(
+            str(path),
+            dtype=torch.float32,
+            device=args.device,
+            attention_backend="torch",
+            page_size=PAGE_SIZE,
+            max_running_req=4,
+            num_page_override=64,
+            max_seq_len_override=128,
+        )
+    )
     mc = engine.config.model_config
-    print(f"== {path.name}: {mc.architectures[0]}, {mc.num_layers} layers, H_q={mc.num_qo_heads}, "
-          f"H_kv={mc.num_kv_heads}, D={mc.head_dim}, vocab {mc.vocab_size}")
-    print(f"   engine on {engine.device}: {engine.num_pages} KV pages x {PAGE_SIZE} slots, "
-          f"page table {tuple(engine.page_table.shape)}")
+    print(
+        f"== {path.name}: {mc.architectures[0]}, {mc.num_layers} layers, H_q={mc.num_qo_heads}, "
+        f"H_kv={mc.num_kv_heads}, D={mc.head_dim}, vocab {mc.vocab_size}"
+    )
+    print(
+        f"   engine on {engine.device}: {engine.num_pages} KV pages x {PAGE_SIZE} slots, "
+        f"page table {tuple(engine.page_table.shape)}"
+    )
     tok = load_tokenizer(str(path))
     tables = TableManager(engine.config.max_running_req, engine.page_table)
-    free_pages = torch.randperm(engine.num_pages, generator=torch.Generator().manual_seed(0)).tolist()
+    free_pages = torch.randperm(
+        engine.num_pages, generator=torch.Generator().manual_seed(0)
+    ).tolist()
     reqs = []
     for uid, text in enumerate(PROMPTS):
         ids = torch.tensor(tok.encode(text), dtype=torch.int32)
-        reqs.append(Req(ids, table_idx=tables.allocate(), cached_len=0, output_len=args.new_tokens, uid=uid,
-                        sampling_params=SamplingParams(max_tokens=args.new_tokens), cache_handle=None))  # type: ignore[arg-type]
+        reqs.append(
+            Req(
+                ids,
+                table_idx=tables.allocate(),
+                cached_len=0,
+                output_len=args.new_tokens,
+                uid=uid,
+                sampling_params=SamplingParams(max_tokens=args.new_tokens),
+                cache_handle=None,
+            )
+        )  # type: ignore[arg-type]
 
     generated: List[List[int]] = [[] for _ in reqs]
     feed = torch.cat([r.input_ids for r in reqs]).to(engine.device)
@@ -74,12 +100,18 @@ def run_by_hand(path: Path) -> None:
             batch = Batch(reqs, phase)  # type: ignore[arg-type]
             for r in reqs:
                 hand_out_slots(engine, r, free_pages)
-            batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(engine.device)
-            batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs])
+            batch.positions = torch.cat(
+                [torch.arange(r.cached_len, r.device_len) for r in reqs]
+            ).to(engine.device)
+            batch.out_loc = torch.cat(
+                [engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs]
+            )
             batch.input_ids = feed
             if phase == "prefill":
                 lens = " + ".join(str(r.extend_len) for r in reqs)
-                print(f"   prefill: B={batch.size} requests, T={len(batch.positions)} tokens packed ({lens})")
+                print(
+                    f"   prefill: B={batch.size} requests, T={len(batch.positions)} tokens packed ({lens})"
+                )
             engine.attn_backend.prepare_metadata(batch)
             out = engine.forward_batch(batch, engine.sampler.prepare(batch))
             out.copy_done_event.synchronize()  # the CPU copy of the tokens has landed
@@ -99,13 +131,20 @@ def run_by_hand(path: Path) -> None:
     for text, gen in zip(PROMPTS, generated):
         ids = torch.tensor([tok.encode(text)])
         with torch.inference_mode():
-            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                              min_new_tokens=args.new_tokens, do_sample=False,
-                              pad_token_id=hf.generation_config.pad_token_id)[0, ids.shape[1] :].tolist()
+            ref = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                pad_token_id=hf.generation_config.pad_token_id,
+            )[0, ids.shape[1] :].tolist()
         matches.append(gen == ref)
         print(f"   {text!r:<40} -> {tok.decode(gen)!r:<44} matches HF: {gen == ref}")
-    print(f"   all rows returned: {tables.available_size} of {engine.config.max_running_req} free; "
-          f"{sum(matches)}/{len(matches)} match HF")
+    print(
+        f"   all rows returned: {tables.available_size} of {engine.config.max_running_req} free; "
+        f"{sum(matches)}/{len(matches)} match HF"
+    )
 
 
 for model in [args.model] if args.model else MODELS:

@@ -24,24 +24,45 @@ from minisgl.llm import LLM
 from minisgl.scheduler.prefill import ChunkedReq
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 args = parser.parse_args()
 
-PREAMBLE = ("The following are short facts from a school encyclopedia, each finished in a few words "
-            "by a careful writer who never repeats herself.\n")
+PREAMBLE = (
+    "The following are short facts from a school encyclopedia, each finished in a few words "
+    "by a careful writer who never repeats herself.\n"
+)
 WAVES = [
-    ["The capital of France is", "The largest planet in the solar system is", "Water boils at a temperature of",
-     "The author of Hamlet was"],
-    ["Bees collect nectar and make", "Mount Fuji is a volcano in", "A cat usually has four",
-     "The first person to walk on the moon was"],
+    [
+        "The capital of France is",
+        "The largest planet in the solar system is",
+        "Water boils at a temperature of",
+        "The author of Hamlet was",
+    ],
+    [
+        "Bees collect nectar and make",
+        "Mount Fuji is a volcano in",
+        "A cat usually has four",
+        "The first person to walk on the moon was",
+    ],
 ]
 MAX_TOKENS = [8, 5, 8, 3]  # per position in a wave: requests leave at different steps
 
 ENV.DISABLE_OVERLAP_SCHEDULING.value = False  # overlap on (the default)
-llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch", max_running_req=8,
-          cache_type="radix", page_size=4, max_extend_tokens=32, num_page_override=24,
-          max_seq_len_override=256)
+llm = LLM(
+    args.model,
+    dtype=torch.float32,
+    device=args.device,
+    attention_backend="torch",
+    max_running_req=8,
+    cache_type="radix",
+    page_size=4,
+    max_extend_tokens=32,
+    num_page_override=24,
+    max_seq_len_override=256,
+)
 stats: Counter = Counter()
 original_forward, original_evict = llm._forward, llm.cache_manager.prefix_cache.evict
 
@@ -70,8 +91,10 @@ def traced_evict(size):
 
 seen: set = set()
 llm._forward, llm.cache_manager.prefix_cache.evict = traced_forward, traced_evict
-print(f"{os.path.basename(args.model)} on {args.device}: radix cache, page size 4, max_extend_tokens=32, "
-      f"overlap on, a pool of {llm.engine.num_pages} pages ({4 * llm.engine.num_pages} tokens)")
+print(
+    f"{os.path.basename(args.model)} on {args.device}: radix cache, page size 4, max_extend_tokens=32, "
+    f"overlap on, a pool of {llm.engine.num_pages} pages ({4 * llm.engine.num_pages} tokens)"
+)
 results = []
 start = time.perf_counter()
 for wave in WAVES:
@@ -81,23 +104,37 @@ for wave in WAVES:
     outputs = llm.generate(prompts, params)
     results += list(zip(prompts, MAX_TOKENS, outputs))
 seconds = time.perf_counter() - start
-for key in ["prompt tokens", "prefill tokens computed", "tokens matched in the cache", "requests that hit the cache",
-            "chunks", "prefill steps", "decode steps", "largest batch", "evictions", "tokens evicted"]:
+for key in [
+    "prompt tokens",
+    "prefill tokens computed",
+    "tokens matched in the cache",
+    "requests that hit the cache",
+    "chunks",
+    "prefill steps",
+    "decode steps",
+    "largest batch",
+    "evictions",
+    "tokens evicted",
+]:
     print(f"  {key:<28} {stats[key]}")
 print(f"  {'time':<28} {seconds:.2f} s")
 llm.cache_manager.check_integrity()
-print(f"  afterwards: {llm.table_manager.available_size}/8 table rows free, KV pages "
-      f"{llm.cache_manager.num_free_pages} free + {llm.cache_manager.prefix_cache.size_info.total_size // 4} cached "
-      f"= {llm.engine.num_pages}, check_integrity passed")
+print(
+    f"  afterwards: {llm.table_manager.available_size}/8 table rows free, KV pages "
+    f"{llm.cache_manager.num_free_pages} free + {llm.cache_manager.prefix_cache.size_info.total_size // 4} cached "
+    f"= {llm.engine.num_pages}, check_integrity passed"
+)
 
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(llm.device)
 matches = 0
 for prompt, n, out in results:
     x = tokenizer(prompt, return_tensors="pt").input_ids.to(llm.device)
-    ref = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, x.shape[1]:].tolist()
+    ref = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False)[
+        0, x.shape[1] :
+    ].tolist()
     matches += out["token_ids"] == ref
-    question = prompt[len(PREAMBLE):]
+    question = prompt[len(PREAMBLE) :]
     print(f"  {question!r:<44} -> {out['text']!r:<34} matches HF: {out['token_ids'] == ref}")
 print(f"{matches}/{len(results)} match Hugging Face")
 llm.shutdown()

@@ -29,28 +29,69 @@ from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.server.local import free_port, wait_ready
 
-QUESTIONS = ["What is the capital of France?", "Name three fruits.", "What is 12 times 12?",
-             "Say hello in Spanish.", "What colour is the sky?", "Write a haiku about rain."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three fruits.",
+    "What is 12 times 12?",
+    "Say hello in Spanish.",
+    "What colour is the sky?",
+    "Write a haiku about rain.",
+]
 MAX_TOKENS = 32
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct"))
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cpu")
 args = parser.parse_args()
 
 port = free_port()
 url = f"http://127.0.0.1:{port}"
 # float32 and the torch attention backend on any device: the offline answers below must match
-cmd = [sys.executable, "-m", "minisgl", "--model", args.model, "--port", str(port), "--device", args.device,
-       "--dtype", "float32", "--attn", "torch", "--max-seq-len", "1024", "--num-pages", "16384"]
+cmd = [
+    sys.executable,
+    "-m",
+    "minisgl",
+    "--model",
+    args.model,
+    "--port",
+    str(port),
+    "--device",
+    args.device,
+    "--dtype",
+    "float32",
+    "--attn",
+    "torch",
+    "--max-seq-len",
+    "1024",
+    "--num-pages",
+    "16384",
+]
 server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
-print("server: python -m minisgl --model", args.model, "--device", args.device, "(loopback, a free port)")
+print(
+    "server: python -m minisgl --model",
+    args.model,
+    "--device",
+    args.device,
+    "(loopback, a free port)",
+)
 
 # the offline answers, computed while the server starts
-llm = LLM(args.model, dtype=torch.float32, device=args.device, attention_backend="torch", max_seq_len_override=1024,
-          num_page_override=16384)
-chats = [llm.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True) for q in QUESTIONS]
+llm = LLM(
+    args.model,
+    dtype=torch.float32,
+    device=args.device,
+    attention_backend="torch",
+    max_seq_len_override=1024,
+    num_page_override=16384,
+)
+chats = [
+    llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+    )
+    for q in QUESTIONS
+]
 offline = [o["text"] for o in llm.generate(chats, SamplingParams(max_tokens=MAX_TOKENS))]
 llm.shutdown()
 
@@ -64,8 +105,12 @@ model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
 async def ask(i: int, question: str) -> tuple:
     t0 = time.perf_counter()
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": question}], max_tokens=MAX_TOKENS, temperature=0,
-        stream=True)
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+    )
     text, ttft = "", None
     async for chunk in stream:
         ttft = ttft or time.perf_counter() - t0
@@ -89,8 +134,15 @@ for question, ref, (text, ttft, complete) in zip(QUESTIONS, offline, asyncio.run
 deadline = time.monotonic() + 30
 while (stats := httpx.get(f"{url}/stats").json())["running_reqs"] and time.monotonic() < deadline:
     time.sleep(0.2)
-print(f"afterwards: {stats['kv_pages_in_use']} KV pages in use, "
-      f"{stats['table_rows_free']}/{stats['table_rows_total']} table rows free")
+print(
+    f"afterwards: {stats['kv_pages_in_use']} KV pages in use, "
+    f"{stats['table_rows_free']}/{stats['table_rows_total']} table rows free"
+)
 os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the server's terminal
-print("Ctrl-C -> exit code", server.wait(60), "; still running:",
-      [n for n, p in workers.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] or "none")
+print(
+    "Ctrl-C -> exit code",
+    server.wait(60),
+    "; still running:",
+    [n for n, p in workers.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    or "none",
+)

@@ -16,8 +16,8 @@ import torch
 
 if TYPE_CHECKING:
     from minisgl.attention import BaseAttnBackend
-    from minisgl.moe import BaseMoeBackend
     from minisgl.kvcache import BaseCacheHandle, BaseKVCachePool
+    from minisgl.moe import BaseMoeBackend
 
 
 @dataclass

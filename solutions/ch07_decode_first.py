@@ -35,7 +35,9 @@ from minisgl.scheduler.prefill import ChunkedReq, PrefillManager  # noqa: E402
 from minisgl.scheduler.table import TableManager  # noqa: E402
 
 # (arrival step, uid, prompt tokens, max_tokens)
-WORKLOAD: List[Tuple[int, int, int, int]] = [(0, 0, 16, 400)] + [(2 + 5 * i, 1 + i, 8, 20) for i in range(12)]
+WORKLOAD: List[Tuple[int, int, int, int]] = [(0, 0, 16, 400)] + [
+    (2 + 5 * i, 1 + i, 8, 20) for i in range(12)
+]
 
 
 @dataclass
@@ -68,7 +70,9 @@ def decode_first(m: Managers, streak: int) -> Batch | None:
 def decode_first_capped(cap: int) -> Policy:
     def policy(m: Managers, streak: int) -> Batch | None:
         if streak >= cap and m.prefill.runnable:
-            return m.prefill.schedule_next_batch(prefill_budget=512) or m.decode.schedule_next_batch()
+            return (
+                m.prefill.schedule_next_batch(prefill_budget=512) or m.decode.schedule_next_batch()
+            )
         return decode_first(m, streak)
 
     return policy
@@ -85,7 +89,13 @@ def run(policy: Policy, workload=WORKLOAD, max_steps: int = 5000) -> Tuple[Dict[
         for t, uid, prompt, max_tokens in workload:
             if t == step:
                 ids = torch.arange(1, prompt + 1, dtype=torch.int32)
-                m.prefill.add_one_req(UserMsg(uid=uid, input_ids=ids, sampling_params=SamplingParams(max_tokens=max_tokens)))
+                m.prefill.add_one_req(
+                    UserMsg(
+                        uid=uid,
+                        input_ids=ids,
+                        sampling_params=SamplingParams(max_tokens=max_tokens),
+                    )
+                )
         batch = policy(m, streak)
         if batch is None:
             if finished == len(workload):
@@ -107,14 +117,21 @@ def run(policy: Policy, workload=WORKLOAD, max_steps: int = 5000) -> Tuple[Dict[
                 finished += 1
             elif batch.is_prefill:
                 m.cache.cache_req(req, finished=False)
-        m.decode.filter_reqs(r for r in batch.reqs if r.remain_len > 0 and not isinstance(r, ChunkedReq))
+        m.decode.filter_reqs(
+            r for r in batch.reqs if r.remain_len > 0 and not isinstance(r, ChunkedReq)
+        )
     raise RuntimeError(f"not finished after {max_steps} steps")
 
 
 def main() -> None:
-    policies = [("prefill-first", prefill_first), ("decode-first", decode_first),
-                ("decode-first, cap 8", decode_first_capped(8))]
-    print(f"{'policy':<22}{'mean TTFT':>10}{'max TTFT':>10}{'steps':>8}   TTFT of the short requests (steps)")
+    policies = [
+        ("prefill-first", prefill_first),
+        ("decode-first", decode_first),
+        ("decode-first, cap 8", decode_first_capped(8)),
+    ]
+    print(
+        f"{'policy':<22}{'mean TTFT':>10}{'max TTFT':>10}{'steps':>8}   TTFT of the short requests (steps)"
+    )
     for name, policy in policies:
         ttft, steps = run(policy)
         short = [ttft[u] for u in ttft if u != 0]

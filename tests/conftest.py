@@ -71,7 +71,9 @@ def ensure_model(path: Path) -> Path:
     if path.name in tool.TINY_SPECS:
         return tool.ensure_tiny(path.parent)[path.name]
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no model at {path} (and tools/models.py does not know how to build it)")
+        raise FileNotFoundError(
+            f"no model at {path} (and tools/models.py does not know how to build it)"
+        )
     return path
 
 
@@ -125,7 +127,9 @@ def hf_encode(model_path: Path, prompt: Prompt) -> List[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _hf_greedy_one(model_path: Path, prompt_ids: Tuple[int, ...], max_new_tokens: int) -> Tuple[int, ...]:
+def _hf_greedy_one(
+    model_path: Path, prompt_ids: Tuple[int, ...], max_new_tokens: int
+) -> Tuple[int, ...]:
     import torch
 
     model = hf_model(model_path)
@@ -141,7 +145,7 @@ def _hf_greedy_one(model_path: Path, prompt_ids: Tuple[int, ...], max_new_tokens
             do_sample=False,
             pad_token_id=model.generation_config.pad_token_id,
         )
-    return tuple(out[0, len(prompt_ids):].tolist())
+    return tuple(out[0, len(prompt_ids) :].tolist())
 
 
 def hf_greedy(model_path: Path, prompts: Sequence[Prompt], max_new_tokens: int) -> List[List[int]]:
@@ -174,7 +178,9 @@ def _cuda_available() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; deselected when torch.cuda.is_available() is False")
+    config.addinivalue_line(
+        "markers", "gpu: needs a CUDA GPU; deselected when torch.cuda.is_available() is False"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:

@@ -69,8 +69,11 @@ def fake_reference(prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> 
 
 
 def user(uid: int, prompt: Sequence[int], max_tokens: int, ignore_eos: bool = True) -> UserMsg:
-    return UserMsg(uid, torch.tensor(list(prompt), dtype=torch.int32),
-                   SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos))
+    return UserMsg(
+        uid,
+        torch.tensor(list(prompt), dtype=torch.int32),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
+    )
 
 
 @dataclass
@@ -104,7 +107,9 @@ class ScriptMixin:
     state: ScriptState
 
     def load_script(self, script: Script, max_steps: int = 2000) -> None:
-        self.state = ScriptState(script={k: list(v) for k, v in script.items()}, max_steps=max_steps)
+        self.state = ScriptState(
+            script={k: list(v) for k, v in script.items()}, max_steps=max_steps
+        )
 
     # ---- I/O ------------------------------------------------------------------------------
     def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
@@ -129,7 +134,9 @@ class ScriptMixin:
         for msg in reply:
             assert msg.uid not in st.aborted, f"uid {msg.uid} got a token after it was aborted"
             sent = st.replies.setdefault(msg.uid, [])
-            assert not (sent and sent[-1][1].finished), f"uid {msg.uid} got a token after it finished"
+            assert not (sent and sent[-1][1].finished), (
+                f"uid {msg.uid} got a token after it finished"
+            )
             sent.append((st.step - 1, msg))
             if msg.finished:  # it may still sit in the batch launched this step, not later
                 st.dead_from.setdefault(msg.uid, len(st.launches))
@@ -141,13 +148,24 @@ class ScriptMixin:
         busy = {r.table_idx: r.uid for r in st.in_flight.reqs} if st.in_flight is not None else {}
         for req in batch.reqs:
             assert index < st.dead_from.get(req.uid, index + 1), (
-                f"uid {req.uid} is in batch {index} after it finished or was aborted")
+                f"uid {req.uid} is in batch {index} after it finished or was aborted"
+            )
             # the batch in flight may still write its requests' rows (the sampled token)
             assert busy.get(req.table_idx, req.uid) == req.uid, (
                 f"uid {req.uid} got row {req.table_idx} while uid {busy[req.table_idx]}'s batch "
-                "using it is still in flight")
-        st.launches.append(Launch(index, st.step - 1, batch.phase, [
-            (r.uid, r.cached_len, r.extend_len, isinstance(r, ChunkedReq)) for r in batch.reqs]))
+                "using it is still in flight"
+            )
+        st.launches.append(
+            Launch(
+                index,
+                st.step - 1,
+                batch.phase,
+                [
+                    (r.uid, r.cached_len, r.extend_len, isinstance(r, ChunkedReq))
+                    for r in batch.reqs
+                ],
+            )
+        )
         st.events.append(("launch", index, st.step - 1))
         st.batch_index[id(batch)] = index
         st.in_flight = batch
@@ -158,7 +176,9 @@ class ScriptMixin:
         if last_data is None:
             return
         batch = last_data[0].batch
-        self.state.events.append(("results", self.state.batch_index[id(batch)], self.state.step - 1))
+        self.state.events.append(
+            ("results", self.state.batch_index[id(batch)], self.state.step - 1)
+        )
         if batch is self.state.in_flight:
             self.state.in_flight = None
 
@@ -185,7 +205,9 @@ def live_requests(s: Scheduler) -> List[Req]:
     waiting to continue, and (under overlap) the batch in flight, minus what was freed."""
     live: Dict[int, Req] = {}
     candidates: List[Req] = list(s.decode_manager.running_reqs)
-    candidates += [p.chunked_req for p in s.prefill_manager.pending_list if p.chunked_req is not None]
+    candidates += [
+        p.chunked_req for p in s.prefill_manager.pending_list if p.chunked_req is not None
+    ]
     in_flight = getattr(getattr(s, "state", None), "in_flight", None)
     if in_flight is not None:
         candidates += in_flight.reqs
@@ -225,12 +247,15 @@ def check_resources(s: Scheduler) -> None:
     for req in live:
         row = cm.page_table[req.table_idx, : req.cached_len].cpu()
         positions = torch.arange(req.cached_len)
-        assert bool((row % P == positions % P).all()), f"uid {req.uid}: a row entry is not in its page"
+        assert bool((row % P == positions % P).all()), (
+            f"uid {req.uid}: a row entry is not in its page"
+        )
         handle = req.cache_handle
         matched = handle.get_matched_indices().cpu()
         assert torch.equal(row[: handle.cached_len], matched.to(row.dtype)), (
-            f"uid {req.uid}: its row does not point at the cached prefix it locked")
-        owned += sorted(set((row[handle.cached_len:] // P).tolist()))
+            f"uid {req.uid}: its row does not point at the cached prefix it locked"
+        )
+        owned += sorted(set((row[handle.cached_len :] // P).tolist()))
         if radix:
             assert isinstance(handle, RadixCacheHandle)
             node = handle.node
@@ -240,16 +265,22 @@ def check_resources(s: Scheduler) -> None:
     if radix:
         for node in cm.prefix_cache._nodes():
             assert node.ref_count == refs[id(node)], (
-                f"a radix node has ref_count {node.ref_count} but {refs[id(node)]} live users")
+                f"a radix node has ref_count {node.ref_count} but {refs[id(node)]} live users"
+            )
     every = free + cached + owned
     counts = Counter(every)
     twice = [page for page, n in counts.items() if n > 1]
-    assert not twice, (f"pages {twice[:5]} are in two places (free {len(free)}, cached "
-                       f"{len(cached)}, owned {len(owned)})")
+    assert not twice, (
+        f"pages {twice[:5]} are in two places (free {len(free)}, cached "
+        f"{len(cached)}, owned {len(owned)})"
+    )
     assert len(every) == cm.num_pages, (
-        f"pages leaked: free {len(free)} + cached {len(cached)} + owned {len(owned)} != {cm.num_pages}")
+        f"pages leaked: free {len(free)} + cached {len(cached)} + owned {len(owned)} != {cm.num_pages}"
+    )
     rows = list(tm._free_slots) + list(s._deferred_slots) + [r.table_idx for r in live]
-    assert sorted(rows) == list(range(tm._max_running_reqs)), f"table rows do not add up: {sorted(rows)}"
+    assert sorted(rows) == list(range(tm._max_running_reqs)), (
+        f"table rows do not add up: {sorted(rows)}"
+    )
 
 
 def check_idle(s: Scheduler) -> None:
@@ -257,7 +288,9 @@ def check_idle(s: Scheduler) -> None:
     s.run_when_idle()  # releases rows held back under overlap, then check_integrity
     check_resources(s)
     assert s.table_manager.available_size == s.table_manager._max_running_reqs, "a table row leaked"
-    assert s.cache_manager.prefix_cache.size_info.protected_size == 0, "a cached prefix is still locked"
+    assert s.cache_manager.prefix_cache.size_info.protected_size == 0, (
+        "a cached prefix is still locked"
+    )
     assert not s.prefill_manager.pending_list and not s.decode_manager.running_reqs
 
 
@@ -279,19 +312,30 @@ def run_script(s: Scheduler, script: Script, overlap: bool, max_steps: int = 200
 class _FakeEngine(Scheduler):
     """The scheduler's managers and loops around a fake model (see the module docstring)."""
 
-    def __init__(self, *, num_pages: int, page_size: int = 1, max_running_req: int = 4,
-                 max_seq_len: int = 256, cache_type: str = "radix", max_extend_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        *,
+        num_pages: int,
+        page_size: int = 1,
+        max_running_req: int = 4,
+        max_seq_len: int = 256,
+        cache_type: str = "radix",
+        max_extend_tokens: int = 8192,
+    ) -> None:
         # what Scheduler.__init__ builds, minus the Engine
         page_table = torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32)
         self.device = torch.device("cpu")
         self.stream = NullStream()
         self.engine_stream_ctx = nullcontext()
-        self.engine = SimpleNamespace(stream=NullStream(), max_seq_len=max_seq_len,
-                                      page_table=page_table, num_pages=num_pages)
+        self.engine = SimpleNamespace(
+            stream=NullStream(), max_seq_len=max_seq_len, page_table=page_table, num_pages=num_pages
+        )
         self.table_manager = TableManager(max_running_req, page_table)
         self.cache_manager = CacheManager(num_pages, page_size, page_table, cache_type)
         self.decode_manager = DecodeManager(page_size)
-        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager, self.table_manager, self.decode_manager
+        )
         self.finished_reqs = set()
         self._defer_slot_free = False
         self._deferred_slots = []
@@ -299,7 +343,9 @@ class _FakeEngine(Scheduler):
         self.eos_token_ids = {FAKE_EOS}
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
-        self.kv = torch.full((num_pages * page_size,), -1, dtype=torch.int64)  # code of (token, pos)
+        self.kv = torch.full(
+            (num_pages * page_size,), -1, dtype=torch.int64
+        )  # code of (token, pos)
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
         self.cache_manager.allocate_paged(batch.reqs)
@@ -316,8 +362,9 @@ class _FakeEngine(Scheduler):
             slots = page_table[row, : req.device_len].to(torch.int64)
             seen = self.kv[slots[: req.cached_len]]
             bad = (seen != codes[: req.cached_len]).nonzero()
-            assert len(bad) == 0, (f"uid {req.uid} reads a slot that holds someone else's KV at "
-                                   f"position {int(bad[0])}")
+            assert len(bad) == 0, (
+                f"uid {req.uid} reads a slot that holds someone else's KV at position {int(bad[0])}"
+            )
             self.kv[slots[req.cached_len :]] = codes[req.cached_len :]  # "compute" this step's KV
             context = (self.kv[slots] // 100_000).tolist()  # read back through the page table
             sampled.append(fake_next_token(context))
@@ -369,7 +416,9 @@ class Workload:
         return script
 
 
-def workloads(page_sizes: Sequence[int] = (1, 4, 16), cache_types: Sequence[str] = ("naive", "radix")):
+def workloads(
+    page_sizes: Sequence[int] = (1, 4, 16), cache_types: Sequence[str] = ("naive", "radix")
+):
     """A hypothesis strategy: requests arriving at random steps, built from two shared
     prefixes (a "system prompt" of up to three pages and a bit), random lengths, some
     aborted, under a KV pool only a few pages larger than the largest request needs."""
@@ -384,12 +433,27 @@ def workloads(page_sizes: Sequence[int] = (1, 4, 16), cache_types: Sequence[str]
         for uid in range(draw(st.integers(1, 10))):
             base = draw(st.sampled_from([[], *prefixes]))
             prompt = base + draw(st.lists(tokens, min_size=0 if base else 1, max_size=2 * P + 2))
-            requests.append((uid, prompt, draw(st.integers(1, 2 * P + 2)), draw(st.booleans()),
-                             draw(st.integers(0, 12)), draw(st.one_of(st.none(), st.integers(0, 10)))))
+            requests.append(
+                (
+                    uid,
+                    prompt,
+                    draw(st.integers(1, 2 * P + 2)),
+                    draw(st.booleans()),
+                    draw(st.integers(0, 12)),
+                    draw(st.one_of(st.none(), st.integers(0, 10))),
+                )
+            )
         need = max(len(prompt) + max_tokens for _, prompt, max_tokens, *_ in requests)
         num_pages = max(2, -(-need // P) + draw(st.integers(0, 3)))  # every request fits alone
-        return Workload(P, num_pages, draw(st.sampled_from(list(cache_types))), draw(st.booleans()),
-                        draw(st.integers(1, 24)), draw(st.integers(1, 4)), requests)
+        return Workload(
+            P,
+            num_pages,
+            draw(st.sampled_from(list(cache_types))),
+            draw(st.booleans()),
+            draw(st.integers(1, 24)),
+            draw(st.integers(1, 4)),
+            requests,
+        )
 
     return build()
 
@@ -400,8 +464,14 @@ def check_workload(w: Workload) -> FakeEngineScheduler:
     the tokens the fake model gives it alone (first come, first served: none starves), an
     aborted one got a prefix of them and nothing after its abort, and every admitted
     request released its row and pages exactly once."""
-    s = FakeEngineScheduler(num_pages=w.num_pages, page_size=w.page_size, cache_type=w.cache_type,
-                            max_extend_tokens=w.budget, max_running_req=w.rows, max_seq_len=128)
+    s = FakeEngineScheduler(
+        num_pages=w.num_pages,
+        page_size=w.page_size,
+        cache_type=w.cache_type,
+        max_extend_tokens=w.budget,
+        max_running_req=w.rows,
+        max_seq_len=128,
+    )
     run_script(s, w.script(), w.overlap, max_steps=1000)
     out = s.outputs()
     admitted = {uid for launch in s.state.launches for uid, *_ in launch.reqs}
@@ -412,5 +482,6 @@ def check_workload(w: Workload) -> FakeEngineScheduler:
         else:
             assert got == ref[: len(got)], f"uid {uid} (aborted): got {got}, alone it gives {ref}"
         assert s.state.freed[uid] == (1 if uid in admitted else 0), (
-            f"uid {uid}: resources released {s.state.freed[uid]} times")
+            f"uid {uid}: resources released {s.state.freed[uid]} times"
+        )
     return s

@@ -8,8 +8,15 @@ from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, se
 
 def make_req(prompt_len=5, max_tokens=4, cached_len=0, uid=0):
     ids = torch.arange(prompt_len, dtype=torch.int32)
-    return Req(ids, table_idx=0, cached_len=cached_len, output_len=max_tokens, uid=uid,
-               sampling_params=SamplingParams(max_tokens=max_tokens), cache_handle=None)
+    return Req(
+        ids,
+        table_idx=0,
+        cached_len=cached_len,
+        output_len=max_tokens,
+        uid=uid,
+        sampling_params=SamplingParams(max_tokens=max_tokens),
+        cache_handle=None,
+    )
 
 
 def test_new_request_lengths():
@@ -48,8 +55,10 @@ def test_bad_lengths_are_rejected():
         make_req(prompt_len=4, cached_len=4)  # nothing left to compute
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5),
-                                         ("max_tokens", 0), ("top_k", 0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("max_tokens", 0), ("top_k", 0)],
+)
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})

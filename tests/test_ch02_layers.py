@@ -47,8 +47,14 @@ def test_fused_norm_adds_the_residual_first():
 
 ROPE_CASES = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
 }
 
 
@@ -56,11 +62,17 @@ ROPE_CASES = {
 def test_rotary_matches_hf(case):
     params = ROPE_CASES[case]
     head_dim, max_pos = 32, 512
-    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, max_position_embeddings=max_pos,
-                         rope_parameters=params)
+    config = LlamaConfig(
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        max_position_embeddings=max_pos,
+        rope_parameters=params,
+    )
     positions = torch.tensor([0, 1, 2, 300, 7, 511])  # a packed batch: any order
     q, k = torch.randn(6, 4, head_dim), torch.randn(6, 2, head_dim)
-    scaling = {k_: v for k_, v in params.items() if k_ != "rope_theta"} if case != "default" else None
+    scaling = (
+        {k_: v for k_, v in params.items() if k_ != "rope_theta"} if case != "default" else None
+    )
     rope = RotaryEmbedding(head_dim, head_dim, max_pos, params["rope_theta"], scaling)
     ours_q, ours_k = rope.forward(positions, q, k)
     cos, sin = LlamaRotaryEmbedding(config)(q, positions.unsqueeze(0))
@@ -73,16 +85,22 @@ def test_rotary_matches_hf(case):
 def test_rope_scores_depend_only_on_distance():
     rope = RotaryEmbedding(16, 16, 128, 10000.0)
     q, k = torch.randn(1, 1, 16), torch.randn(1, 1, 16)
+
     def score(m, n):
         qm, _ = rope.forward(torch.tensor([m]), q, k)
         _, kn = rope.forward(torch.tensor([n]), q, k)
         return float((qm * kn).sum())
+
     assert score(10, 7) == pytest.approx(score(50, 47), abs=1e-4)
 
 
 def test_merged_qkv_equals_three_projections():
     hidden, head_dim, hq, hkv = 32, 8, 4, 2
-    wq, wk, wv = torch.randn(hq * head_dim, hidden), torch.randn(hkv * head_dim, hidden), torch.randn(hkv * head_dim, hidden)
+    wq, wk, wv = (
+        torch.randn(hq * head_dim, hidden),
+        torch.randn(hkv * head_dim, hidden),
+        torch.randn(hkv * head_dim, hidden),
+    )
     layer = LinearQKVMerged(hidden, head_dim, hq, hkv, has_bias=False)
     assert layer.weight.shape == (hq * head_dim + 2 * hkv * head_dim, hidden)
     layer.weight = torch.cat([wq, wk, wv])
@@ -109,8 +127,14 @@ class Block(BaseOP):
 
 def test_state_dict_names_follow_attribute_paths():
     model = OPList([Block(), Block()])
-    assert sorted(model.state_dict()) == ["0.norm.weight", "0.proj.bias", "0.proj.weight",
-                                          "1.norm.weight", "1.proj.bias", "1.proj.weight"]
+    assert sorted(model.state_dict()) == [
+        "0.norm.weight",
+        "0.proj.bias",
+        "0.proj.weight",
+        "1.norm.weight",
+        "1.proj.bias",
+        "1.proj.weight",
+    ]
 
 
 def test_load_state_dict_reports_missing_mismatched_and_extra_weights():

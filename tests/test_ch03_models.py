@@ -3,14 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import hf_model
 from safetensors import safe_open
 
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.models.weight import shard_tensor
 from minisgl.utils import cached_load_hf_config, check_model_path, torch_dtype
-
-from conftest import hf_model
 
 
 class _Meta:
@@ -25,8 +24,9 @@ class PromptOnlyAttention:
     """Causal attention over one prompt, no cache: enough for a single forward pass."""
 
     def forward(self, q, k, v, layer_id, batch):
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                           is_causal=True, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+        )
         return o.transpose(0, 1)
 
 
@@ -34,7 +34,9 @@ def build(path):
     config = ModelConfig.from_hf(cached_load_hf_config(str(path)))
     with torch.device("meta"), torch_dtype(torch.float32):
         model = create_model(config)
-    model.load_state_dict(dict(load_weight(path, torch.device("cpu"), torch.float32, config.num_kv_heads)))
+    model.load_state_dict(
+        dict(load_weight(path, torch.device("cpu"), torch.float32, config.num_kv_heads))
+    )
     return config, model
 
 
@@ -54,7 +56,13 @@ def last_logits(model, ids):
 
 def test_smollm2_config(smollm2_path):
     c = ModelConfig.from_hf(cached_load_hf_config(str(smollm2_path)))
-    assert (c.num_layers, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim) == (30, 576, 9, 3, 64)
+    assert (c.num_layers, c.hidden_size, c.num_qo_heads, c.num_kv_heads, c.head_dim) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert c.tie_word_embeddings and c.vocab_size == 49152 and not c.attention_bias
 
 
@@ -69,7 +77,11 @@ def test_loader_merges_qkv_in_order(qwen2_path):
     _, model = build(qwen2_path)
     file = next(qwen2_path.glob("*.safetensors"))
     with safe_open(str(file), "pt") as f:
-        parts = [f.get_tensor(f"model.layers.0.self_attn.{p}_proj.{w}") for w in ("weight", "bias") for p in "qkv"]
+        parts = [
+            f.get_tensor(f"model.layers.0.self_attn.{p}_proj.{w}")
+            for w in ("weight", "bias")
+            for p in "qkv"
+        ]
     attn = model.model.layers[0].self_attn.qkv_proj
     assert torch.equal(attn.weight, torch.cat(parts[:3]))
     assert torch.equal(attn.bias, torch.cat(parts[3:]))

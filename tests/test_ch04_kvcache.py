@@ -8,8 +8,15 @@ from minisgl.scheduler.table import TableManager
 
 
 def make_pool(page_size=4, num_pages=8):
-    return MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=num_pages,
-                      page_size=page_size, dtype=torch.float32, device=torch.device("cpu"))
+    return MHAKVCache(
+        num_kv_heads=2,
+        num_layers=3,
+        head_dim=8,
+        num_pages=num_pages,
+        page_size=page_size,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
 
 
 def test_pool_layout_is_documented_shape():

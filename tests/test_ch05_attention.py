@@ -14,8 +14,9 @@ HQ, HKV, D = 4, 2, 16
 
 def dense_causal(q, k, v):
     """Reference: q, k, v [S, H, D] of one whole sequence -> [S, H_q, D]."""
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       is_causal=True, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+    )
     return o.transpose(0, 1)
 
 
@@ -29,7 +30,9 @@ def setup(page_size, num_pages=16):
 
 
 def scattered_slots(pages, page_size, length):
-    return torch.cat([torch.arange(p * page_size, (p + 1) * page_size) for p in pages])[:length].to(torch.int32)
+    return torch.cat([torch.arange(p * page_size, (p + 1) * page_size) for p in pages])[:length].to(
+        torch.int32
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -40,7 +43,10 @@ def test_prefill_with_a_cached_prefix_equals_dense_attention(page_size):
     q_full = [torch.randn(n, HQ, D) for n in lens]
     k_full = [torch.randn(n, HKV, D) for n in lens]
     v_full = [torch.randn(n, HKV, D) for n in lens]
-    pages = [[11, 2, 7, 5, 3, 9, 14][: (7 + page_size - 1) // page_size], [4, 0, 6, 1][: (4 + page_size - 1) // page_size]]
+    pages = [
+        [11, 2, 7, 5, 3, 9, 14][: (7 + page_size - 1) // page_size],
+        [4, 0, 6, 1][: (4 + page_size - 1) // page_size],
+    ]
     reqs = []
     for row in range(2):
         ctx.page_table[row, : lens[row]] = scattered_slots(pages[row], page_size, lens[row])
@@ -50,13 +56,15 @@ def test_prefill_with_a_cached_prefix_equals_dense_attention(page_size):
         ids = torch.zeros(lens[row], dtype=torch.int32)
         reqs.append(Req(ids, row, cached[row], 1, row, SamplingParams(), None))
     batch = Batch(reqs, "prefill")
-    batch.out_loc = torch.cat([ctx.page_table[r, c:n] for r, (c, n) in enumerate(zip(cached, lens))])
+    batch.out_loc = torch.cat(
+        [ctx.page_table[r, c:n] for r, (c, n) in enumerate(zip(cached, lens))]
+    )
     ctx.attn_backend.prepare_metadata(batch)
-    q = torch.cat([q_full[r][cached[r]:] for r in range(2)])
-    k = torch.cat([k_full[r][cached[r]:] for r in range(2)])
-    v = torch.cat([v_full[r][cached[r]:] for r in range(2)])
+    q = torch.cat([q_full[r][cached[r] :] for r in range(2)])
+    k = torch.cat([k_full[r][cached[r] :] for r in range(2)])
+    v = torch.cat([v_full[r][cached[r] :] for r in range(2)])
     out = ctx.attn_backend.forward(q, k, v, 0, batch)
-    ref = torch.cat([dense_causal(q_full[r], k_full[r], v_full[r])[cached[r]:] for r in range(2)])
+    ref = torch.cat([dense_causal(q_full[r], k_full[r], v_full[r])[cached[r] :] for r in range(2)])
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert batch.attn_metadata.get_last_indices(2).tolist() == [3, 7]
     set_global_ctx(None)
@@ -82,6 +90,7 @@ def test_decode_step_sees_the_whole_context():
 def test_backends_are_chosen_by_name():
     class Cfg:
         num_qo_heads, num_kv_heads, head_dim = HQ, HKV, D
+
     assert isinstance(create_attention_backend("torch", Cfg), TorchAttnBackend)
     assert isinstance(create_attention_backend("torch,torch", Cfg), TorchAttnBackend)
     with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):

@@ -2,39 +2,62 @@
 
 import pytest
 import torch
+from conftest import DEVICE, hf_encode, hf_greedy
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler
-from minisgl.engine.sample import BatchSamplingArgs, top_k_top_p_filter
+from minisgl.engine.sample import top_k_top_p_filter
 from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
-
-from conftest import DEVICE, hf_encode, hf_greedy
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 ="]
 
 
 @pytest.fixture(scope="module")
 def engine(qwen3_path):
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device=DEVICE, max_running_req=4,
-                              num_page_override=128, max_seq_len_override=64))
+    eng = Engine(
+        EngineConfig(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device=DEVICE,
+            max_running_req=4,
+            num_page_override=128,
+            max_seq_len_override=64,
+        )
+    )
     yield eng
     eng.shutdown()
 
 
 def run_by_hand(engine, prompts_ids, steps):
     """Play the scheduler: rows 0.., slots from a counter, one prefill then decodes."""
-    reqs = [Req(torch.tensor(ids, dtype=torch.int32), row, 0, steps, row, SamplingParams(max_tokens=steps), None)
-            for row, ids in enumerate(prompts_ids)]
+    reqs = [
+        Req(
+            torch.tensor(ids, dtype=torch.int32),
+            row,
+            0,
+            steps,
+            row,
+            SamplingParams(max_tokens=steps),
+            None,
+        )
+        for row, ids in enumerate(prompts_ids)
+    ]
     next_slot, generated, phase = 0, [[] for _ in reqs], "prefill"
     feed = torch.cat([r.input_ids for r in reqs])
     for _ in range(steps):
         batch = Batch(reqs, phase)
         for r in reqs:
             n = r.extend_len
-            engine.page_table[r.table_idx, r.cached_len:r.device_len] = torch.arange(next_slot, next_slot + n)
+            engine.page_table[r.table_idx, r.cached_len : r.device_len] = torch.arange(
+                next_slot, next_slot + n
+            )
             next_slot += n
-        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(engine.device)
-        batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(
+            engine.device
+        )
+        batch.out_loc = torch.cat(
+            [engine.page_table[r.table_idx, r.cached_len : r.device_len] for r in reqs]
+        )
         batch.input_ids = feed.to(engine.device)
         engine.attn_backend.prepare_metadata(batch)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
@@ -66,8 +89,16 @@ def test_forward_batch_advances_every_request(engine):
 
 
 def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device=DEVICE, page_size=4,
-                              kv_memory_cap=2 * 1024**2, max_running_req=2))
+    eng = Engine(
+        EngineConfig(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device=DEVICE,
+            page_size=4,
+            kv_memory_cap=2 * 1024**2,
+            max_running_req=2,
+        )
+    )
     mc = eng.config.model_config
     per_page = 2 * mc.num_layers * 4 * mc.num_kv_heads * mc.head_dim * 4
     assert eng.num_pages == 2 * 1024**2 // per_page
@@ -82,7 +113,13 @@ def test_too_small_a_pool_is_refused(qwen3_path):
 
 
 def batch_of(params):
-    return Batch([Req(torch.tensor([1], dtype=torch.int32), 0, 0, 1, i, p, None) for i, p in enumerate(params)], "decode")
+    return Batch(
+        [
+            Req(torch.tensor([1], dtype=torch.int32), 0, 0, 1, i, p, None)
+            for i, p in enumerate(params)
+        ],
+        "decode",
+    )
 
 
 def test_greedy_batches_skip_sampling():
@@ -96,7 +133,9 @@ def test_greedy_batches_skip_sampling():
 def test_temperature_zero_with_top_p_is_greedy_not_a_division_by_zero():
     sampler = Sampler(torch.device("cpu"), vocab_size=10)
     logits = torch.randn(2, 10)
-    args = sampler.prepare(batch_of([SamplingParams(temperature=0.0, top_p=0.5), SamplingParams(top_k=1, top_p=0.3)]))
+    args = sampler.prepare(
+        batch_of([SamplingParams(temperature=0.0, top_p=0.5), SamplingParams(top_k=1, top_p=0.3)])
+    )
     assert torch.equal(sampler.sample(logits, args), logits.argmax(-1))
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy, hf_model
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -13,10 +14,13 @@ from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
 from minisgl.scheduler.table import TableManager
 
-from conftest import DEVICE, hf_greedy, hf_model
-
-PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
-           "1 + 1 =", "Once upon a time,"]
+PROMPTS = [
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+    "1 + 1 =",
+    "Once upon a time,",
+]
 
 
 def greedy(n):
@@ -25,8 +29,15 @@ def greedy(n):
 
 def build_llm(path, overlap=False, **kwargs):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-    options = dict(dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=8,
-                   num_page_override=1024, max_seq_len_override=512, cache_type="naive")
+    options = dict(
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=8,
+        num_page_override=1024,
+        max_seq_len_override=512,
+        cache_type="naive",
+    )
     options.update(kwargs)
     return LLM(str(path), **options)
 
@@ -95,8 +106,12 @@ def test_chunked_prefill_gives_the_same_tokens(qwen3_path):
     llm.shutdown()
 
 
-@pytest.mark.parametrize("cache_type,overlap,page_size", [("radix", False, 1), ("radix", True, 4), ("naive", True, 16)])
-def test_cache_and_overlap_settings_do_not_change_outputs(qwen2_path, cache_type, overlap, page_size):
+@pytest.mark.parametrize(
+    "cache_type,overlap,page_size", [("radix", False, 1), ("radix", True, 4), ("naive", True, 16)]
+)
+def test_cache_and_overlap_settings_do_not_change_outputs(
+    qwen2_path, cache_type, overlap, page_size
+):
     llm = build_llm(qwen2_path, overlap=overlap, cache_type=cache_type, page_size=page_size)
     prompts = PROMPTS + [PROMPTS[0] + " a city"]  # shares a prefix with prompt 0
     for _ in range(2):  # the second round hits the radix cache
@@ -110,12 +125,17 @@ def test_cache_and_overlap_settings_do_not_change_outputs(qwen2_path, cache_type
 def test_eos_ends_a_request_and_is_not_returned(smollm2_path):
     llm = build_llm(smollm2_path)
     tok = llm.tokenizer
-    chat = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True,
-                                   tokenize=False)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=False
+    )
     out = llm.generate([chat], SamplingParams(max_tokens=40))[0]["token_ids"]
     ids = torch.tensor([tok.encode(chat)])
     with torch.inference_mode():  # plain generate: EOS may end it (hf_greedy forbids that)
-        ref = hf_model(smollm2_path).generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1]:].tolist()
+        ref = (
+            hf_model(smollm2_path)
+            .generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1] :]
+            .tolist()
+        )
     assert ref[-1] in llm.eos_token_ids and len(ref) < 40  # the model does answer and stop
     assert out == ref[:-1]
     llm.shutdown()
@@ -128,7 +148,9 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(qwen3_path):
     llm.shutdown()
     llm = build_llm(qwen3_path)
     assert llm.generate(PROMPTS[:2], hot) == first
-    top1 = llm.generate(PROMPTS[:2], SamplingParams(temperature=0.7, top_k=1, max_tokens=6, ignore_eos=True))
+    top1 = llm.generate(
+        PROMPTS[:2], SamplingParams(temperature=0.7, top_k=1, max_tokens=6, ignore_eos=True)
+    )
     assert [o["token_ids"] for o in top1] == hf_greedy(qwen3_path, PROMPTS[:2], 6)
     llm.shutdown()
 
@@ -138,7 +160,10 @@ def test_too_long_prompt_raises_naming_the_request_and_limit(qwen3_path):
     with pytest.raises(ValueError, match=r"prompt 1 has 20 tokens.*limit is 16"):
         llm.generate([[1, 2, 3], list(range(20))], greedy(2))
     # nothing was admitted, and the engine still works
-    assert llm.generate([[1, 2, 3]], greedy(2))[0]["token_ids"] == hf_greedy(qwen3_path, [[1, 2, 3]], 2)[0]
+    assert (
+        llm.generate([[1, 2, 3]], greedy(2))[0]["token_ids"]
+        == hf_greedy(qwen3_path, [[1, 2, 3]], 2)[0]
+    )
     llm.shutdown()
 
 
@@ -156,6 +181,7 @@ def test_missing_model_says_how_to_get_it(tmp_path):
 
 # ---- the managers on their own, no model -------------------------------------------------
 
+
 def managers(num_pages=64, rows=4, page_size=1):
     page_table = torch.zeros((rows + 1, 128), dtype=torch.int32)
     table = TableManager(rows, page_table)
@@ -165,7 +191,11 @@ def managers(num_pages=64, rows=4, page_size=1):
 
 
 def user(uid, prompt_len, max_tokens):
-    return UserMsg(uid, torch.arange(1, prompt_len + 1, dtype=torch.int32), SamplingParams(max_tokens=max_tokens))
+    return UserMsg(
+        uid,
+        torch.arange(1, prompt_len + 1, dtype=torch.int32),
+        SamplingParams(max_tokens=max_tokens),
+    )
 
 
 def test_admission_is_first_come_first_served():
@@ -210,8 +240,14 @@ def test_two_identical_prompts_in_one_batch_read_the_cached_copy(qwen3_path):
     """Regression: the second identical prompt of a batch frees its duplicate KV when it is
     cached; its row must then point at the cache's copy, or it decodes from pages that the
     third request is given."""
-    llm = build_llm(qwen3_path, cache_type="radix", max_running_req=4, num_page_override=64,
-                    max_seq_len_override=128, max_extend_tokens=40)
+    llm = build_llm(
+        qwen3_path,
+        cache_type="radix",
+        max_running_req=4,
+        num_page_override=64,
+        max_seq_len_override=128,
+        max_extend_tokens=40,
+    )
     shared, other = list(range(100, 120)), list(range(300, 320))
     out = llm.generate([shared, shared, other], [greedy(n) for n in (8, 8, 1)])
     ref = hf_greedy(qwen3_path, [shared, other], 8)
@@ -225,6 +261,8 @@ def test_overlap_releases_a_held_back_row_when_nothing_is_in_flight(qwen3_path):
     back; it must come back once nothing is in flight, or the next request waits forever."""
     llm = build_llm(qwen3_path, overlap=True, max_running_req=1)
     out = llm.generate([[1, 2], [3, 4]], greedy(1))
-    assert [o["token_ids"] for o in out] == [r[:1] for r in hf_greedy(qwen3_path, [[1, 2], [3, 4]], 1)]
+    assert [o["token_ids"] for o in out] == [
+        r[:1] for r in hf_greedy(qwen3_path, [[1, 2], [3, 4]], 1)
+    ]
     assert llm.table_manager.available_size == 1
     llm.shutdown()

@@ -3,7 +3,9 @@ room for every request it lets in. Mostly without a model; page sizes 1, 4 and 1
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy
 from hypothesis import HealthCheck, given, settings
+from scheduler_harness import check_workload, workloads
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -13,9 +15,6 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
-
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import check_workload, workloads
 
 PAGE_SIZES = [1, 4, 16]
 
@@ -29,7 +28,11 @@ def managers(num_pages, page_size, rows=4, max_seq_len=256):
 
 
 def user(uid, prompt_len, max_tokens):
-    return UserMsg(uid, torch.arange(1, prompt_len + 1, dtype=torch.int32), SamplingParams(max_tokens=max_tokens))
+    return UserMsg(
+        uid,
+        torch.arange(1, prompt_len + 1, dtype=torch.int32),
+        SamplingParams(max_tokens=max_tokens),
+    )
 
 
 def step(cache, decode, reqs):
@@ -124,8 +127,17 @@ def test_requests_admitted_together_fit_in_whole_pages(P):
 
 def test_a_two_page_pool_serves_requests_two_at_a_time(qwen3_path):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = LLM(str(qwen3_path), dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=4,
-              num_page_override=2, page_size=4, max_seq_len_override=64, cache_type="naive")
+    llm = LLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=2,
+        page_size=4,
+        max_seq_len_override=64,
+        cache_type="naive",
+    )
     prompts = [[5, 6], [7, 8], [9, 10], [11, 12]]
     out = llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))
     assert [o["token_ids"] for o in out] == hf_greedy(qwen3_path, prompts, 2)

@@ -3,7 +3,16 @@ count, LRU eviction of unreferenced leaves, and the manager around it. Page size
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy
 from hypothesis import HealthCheck, given, settings
+from scheduler_harness import (
+    FakeEngineScheduler,
+    check_workload,
+    fake_reference,
+    run_script,
+    user,
+    workloads,
+)
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -14,9 +23,6 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
-
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import FakeEngineScheduler, check_workload, fake_reference, run_script, user, workloads
 
 PAGE_SIZES = [1, 4, 16]
 CPU = torch.device("cpu")
@@ -63,7 +69,9 @@ def test_insert_reports_what_was_cached_already(P):
     second = torch.cat([first[: 2 * P], seq(500, P)])  # shares two pages, then differs
     already, handle = cache.insert_prefix(second, slots(1000, 3 * P))
     assert already == 2 * P  # the caller frees its own copy of those two pages
-    assert torch.equal(handle.get_matched_indices(), torch.cat([slots(0, 2 * P), slots(1000 + 2 * P, P)]))
+    assert torch.equal(
+        handle.get_matched_indices(), torch.cat([slots(0, 2 * P), slots(1000 + 2 * P, P)])
+    )
     assert sizes(cache) == (4 * P, 0)
     assert cache.match_prefix(first).cuda_handle.cached_len == 3 * P
     cache.check_integrity()
@@ -137,19 +145,36 @@ def test_a_running_request_reads_the_cache_copy_of_a_prefix_another_inserted_fir
     at every forward pass, that each row reads back the KV its request wrote."""
     shared = list(range(100, 100 + 5 * P))
     s = FakeEngineScheduler(num_pages=-(-(2 * 5 * P + 8) // P) + 2, page_size=P, cache_type="radix")
-    script = {0: [user(0, shared, 8), user(1, shared, 8)], 2: [user(2, list(range(300, 300 + 4 * P)), 1)]}
+    script = {
+        0: [user(0, shared, 8), user(1, shared, 8)],
+        2: [user(2, list(range(300, 300 + 4 * P)), 1)],
+    }
     run_script(s, script, overlap=False)
-    assert s.outputs() == {0: fake_reference(shared, 8, True), 1: fake_reference(shared, 8, True),
-                           2: fake_reference(range(300, 300 + 4 * P), 1, True)}
+    assert s.outputs() == {
+        0: fake_reference(shared, 8, True),
+        1: fake_reference(shared, 8, True),
+        2: fake_reference(range(300, 300 + 4 * P), 1, True),
+    }
 
 
 def test_two_identical_prompts_in_one_batch_match_hf_when_the_pool_is_reused(qwen3_path):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = LLM(str(qwen3_path), dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=4,
-              num_page_override=64, max_seq_len_override=128, cache_type="radix", max_extend_tokens=40)
+    llm = LLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=64,
+        max_seq_len_override=128,
+        cache_type="radix",
+        max_extend_tokens=40,
+    )
     shared, other = list(range(100, 120)), list(range(300, 320))
     # the third prompt arrives a step later and is given the pages the second one freed
-    out = llm.generate([shared, shared, other], [SamplingParams(max_tokens=n, ignore_eos=True) for n in (8, 8, 1)])
+    out = llm.generate(
+        [shared, shared, other], [SamplingParams(max_tokens=n, ignore_eos=True) for n in (8, 8, 1)]
+    )
     ref = hf_greedy(qwen3_path, [shared, other], 8)
     assert [o["token_ids"] for o in out] == [ref[0], ref[0], ref[1][:1]]
     llm.shutdown()
@@ -157,8 +182,17 @@ def test_two_identical_prompts_in_one_batch_match_hf_when_the_pool_is_reused(qwe
 
 def test_a_second_round_reuses_the_shared_prefix_and_still_matches_hf(qwen3_path):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = LLM(str(qwen3_path), dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=4,
-              num_page_override=64, page_size=4, max_seq_len_override=128, cache_type="radix")
+    llm = LLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=64,
+        page_size=4,
+        max_seq_len_override=128,
+        cache_type="radix",
+    )
     extend = []
     original = llm._forward
 
@@ -180,7 +214,9 @@ def test_a_second_round_reuses_the_shared_prefix_and_still_matches_hf(qwen3_path
     llm.shutdown()
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 @given(workloads(cache_types=["radix"]))
 def test_random_workloads_with_shared_prefixes_keep_every_page_accounted_for(w):
     """As in chapter 8, now with the radix cache: requests share prefixes, pages move

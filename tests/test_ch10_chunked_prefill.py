@@ -4,14 +4,13 @@ as prefilling it in one go."""
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy
+from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg
-
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 LONG = list(range(200, 240))  # 40 tokens
 SHORT = list(range(500, 510))  # 10 tokens
@@ -24,10 +23,12 @@ def test_a_long_prompt_is_cut_at_the_budget_and_continues_first(overlap):
     prefills = [launch.reqs for launch in s.state.launches if launch.phase == "prefill"]
     # (uid, cached_len, extend_len, is a chunk): 16 + 16 + 8 tokens, and uid1 takes what
     # is left of the third step's budget, so it is chunked too and continues first
-    assert prefills == [[(0, 0, 16, True)],
-                        [(0, 16, 16, True)],
-                        [(0, 32, 8, False), (1, 0, 8, True)],
-                        [(1, 8, 2, False)]]
+    assert prefills == [
+        [(0, 0, 16, True)],
+        [(0, 16, 16, True)],
+        [(0, 32, 8, False), (1, 0, 8, True)],
+        [(1, 8, 2, False)],
+    ]
     assert s.outputs() == {0: fake_reference(LONG, 3, True), 1: fake_reference(SHORT, 3, True)}
 
 
@@ -44,17 +45,30 @@ def test_chunks_produce_no_output():
 def test_chunks_that_end_inside_a_page_continue_in_it(P, budget):
     """The fake engine checks at every step that each row reads back what was written,
     so a chunk boundary that splits a page must continue in the same page."""
-    s = FakeEngineScheduler(num_pages=-(-60 // P) + 1, page_size=P, cache_type="radix", max_extend_tokens=budget)
+    s = FakeEngineScheduler(
+        num_pages=-(-60 // P) + 1, page_size=P, cache_type="radix", max_extend_tokens=budget
+    )
     run_script(s, {0: [user(0, LONG, 4)], 3: [user(1, LONG[:20] + SHORT, 4)]}, overlap=True)
-    assert s.outputs() == {0: fake_reference(LONG, 4, True), 1: fake_reference(LONG[:20] + SHORT, 4, True)}
+    assert s.outputs() == {
+        0: fake_reference(LONG, 4, True),
+        1: fake_reference(LONG[:20] + SHORT, 4, True),
+    }
 
 
 def test_chunked_and_one_shot_prefill_give_the_same_tokens_as_hf(qwen3_path):
     prompts = [LONG, SHORT, LONG[::-1]]
     ref = hf_greedy(qwen3_path, prompts, 5)
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    llm = LLM(str(qwen3_path), dtype=torch.float32, device=DEVICE, attention_backend="torch",
-              max_running_req=4, num_page_override=256, max_seq_len_override=128, cache_type="naive")
+    llm = LLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=256,
+        max_seq_len_override=128,
+        cache_type="naive",
+    )
     for budget in [7, 16, 8192]:
         llm.prefill_budget = budget  # what max_extend_tokens sets; one engine keeps the test short
         out = llm.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
@@ -64,9 +78,18 @@ def test_chunked_and_one_shot_prefill_give_the_same_tokens_as_hf(qwen3_path):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_request_aborted_while_its_prompt_is_chunked_releases_it_once(qwen3_path, overlap):
-    llm = ScriptedLLM(str(qwen3_path), dtype=torch.float32, device=DEVICE, attention_backend="torch",
-                      max_running_req=4, num_page_override=128, max_seq_len_override=128,
-                      cache_type="radix", page_size=4, max_extend_tokens=16)
+    llm = ScriptedLLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=128,
+        max_seq_len_override=128,
+        cache_type="radix",
+        page_size=4,
+        max_extend_tokens=16,
+    )
     # step 0 prefills the first 16 tokens of uid0; at step 1 (its chunk still in flight
     # under overlap) the abort arrives; uid1 waits behind uid0 and then runs normally
     run_script(llm, {0: [user(0, LONG, 4), user(1, SHORT, 4)], 1: [AbortBackendMsg(0)]}, overlap)

@@ -4,14 +4,13 @@ requests in flight); and every combination of cache, chunk budget and overlap ag
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy
+from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg
-
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 
 def eos_prompt(min_len=2, max_len=4):
@@ -52,10 +51,13 @@ def test_a_freed_row_is_not_reused_while_the_batch_in_flight_may_write_it():
     prompt = eos_prompt()
     s = FakeEngineScheduler(num_pages=64, max_running_req=1, cache_type="naive")
     run_script(s, {0: [user(0, prompt, 8, ignore_eos=False), user(1, [7, 8], 2)]}, overlap=True)
-    last_with_0 = max(l.index for l in s.state.launches if l.reqs[0][0] == 0)
-    first_with_1 = min(l.index for l in s.state.launches if l.reqs[0][0] == 1)
+    last_with_0 = max(launch.index for launch in s.state.launches if launch.reqs[0][0] == 0)
+    first_with_1 = min(launch.index for launch in s.state.launches if launch.reqs[0][0] == 1)
     handled = s.state.events.index(("results", last_with_0, s.state.launches[last_with_0].step + 1))
-    assert s.state.events.index(("launch", first_with_1, s.state.launches[first_with_1].step)) > handled
+    assert (
+        s.state.events.index(("launch", first_with_1, s.state.launches[first_with_1].step))
+        > handled
+    )
     assert s.outputs()[1] == fake_reference([7, 8], 2, True)
 
 
@@ -81,8 +83,15 @@ def test_abort_of_a_request_whose_last_token_is_in_flight(overlap):
 
 
 def scripted(path, **kwargs):
-    options = dict(dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=4,
-                   num_page_override=128, max_seq_len_override=128, cache_type="radix")
+    options = dict(
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=128,
+        max_seq_len_override=128,
+        cache_type="radix",
+    )
     options.update(kwargs)
     return ScriptedLLM(str(path), **options)
 
@@ -93,9 +102,13 @@ def test_abort_while_decoding_and_while_the_batch_is_in_flight(qwen3_path, overl
     in flight and that result is dropped. uid1 shares its prompt and goes on unharmed."""
     prompt = list(range(40, 52))
     llm = scripted(qwen3_path, page_size=4)
-    run_script(llm, {0: [user(0, prompt, 10), user(1, prompt + [9], 10)], 4: [AbortBackendMsg(0)]}, overlap)
+    run_script(
+        llm, {0: [user(0, prompt, 10), user(1, prompt + [9], 10)], 4: [AbortBackendMsg(0)]}, overlap
+    )
     ref = hf_greedy(qwen3_path, [prompt, prompt + [9]], 10)
-    assert [l.step for l in llm.state.launches if any(r[0] == 0 for r in l.reqs)] == [0, 1, 2, 3]
+    assert [
+        launch.step for launch in llm.state.launches if any(r[0] == 0 for r in launch.reqs)
+    ] == [0, 1, 2, 3]
     replied = llm.outputs()[0]
     assert replied == ref[0][: 3 if overlap else 4]  # step 3's token is in flight under overlap
     assert llm.outputs()[1] == ref[1]
@@ -117,9 +130,16 @@ def test_abort_of_a_last_token_in_flight_with_a_real_model(qwen3_path):
 # Completions, not questions: a question invites an end-of-turn token, which the reference
 # (min_new_tokens) forbids while the engine (ignore_eos) does not.
 SYSTEM = "Here are some facts, each written as one complete sentence.\n"
-QUESTIONS = ["The capital of France is", "The largest planet in the solar system is",
-             "Water boils at a temperature of", "The author of Hamlet was", "Bees collect nectar and make",
-             "Mount Fuji is a volcano in", "A cat usually has four", "The first person to walk on the moon was"]
+QUESTIONS = [
+    "The capital of France is",
+    "The largest planet in the solar system is",
+    "Water boils at a temperature of",
+    "The author of Hamlet was",
+    "Bees collect nectar and make",
+    "Mount Fuji is a volcano in",
+    "A cat usually has four",
+    "The first person to walk on the moon was",
+]
 # (max_extend_tokens, overlap); each round asks new questions after the same system prompt,
 # so with the radix cache later rounds also start from a cached prefix
 COMBINATIONS = [(16, False), (8192, True), (16, True), (8192, False)]
@@ -131,15 +151,24 @@ def test_every_combination_matches_hf_greedy(which, cache_type, request):
     path = request.getfixturevalue(f"{which}_path")
     # one engine per cache type keeps this short: the budget is read from prefill_budget and
     # the overlap switch from ENV at every generate
-    llm = LLM(str(path), dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=4,
-              num_page_override=512, max_seq_len_override=256, cache_type=cache_type)
+    llm = LLM(
+        str(path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=512,
+        max_seq_len_override=256,
+        cache_type=cache_type,
+    )
     for k, (budget, overlap) in enumerate(COMBINATIONS):
         prompts = [SYSTEM + q for q in QUESTIONS[2 * k : 2 * k + 2]]
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
         llm.prefill_budget = budget
         out = llm.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
         assert [o["token_ids"] for o in out] == hf_greedy(path, prompts, 6), (
-            f"{which}: cache {cache_type}, max_extend_tokens {budget}, overlap {overlap}")
+            f"{which}: cache {cache_type}, max_extend_tokens {budget}, overlap {overlap}"
+        )
         assert llm.table_manager.available_size == 4
     llm.cache_manager.check_integrity()
     llm.shutdown()
@@ -151,8 +180,21 @@ def test_overlap_on_cuda_gives_the_same_tokens(qwen3_path):
     outputs = []
     for overlap in [False, True]:
         ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
-        llm = LLM(str(qwen3_path), dtype=torch.float32, device="cuda", attention_backend="torch",
-                  max_running_req=4, num_page_override=512, max_seq_len_override=256, cuda_graph_max_bs=0)
-        outputs.append([o["token_ids"] for o in llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))])
+        llm = LLM(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device="cuda",
+            attention_backend="torch",
+            max_running_req=4,
+            num_page_override=512,
+            max_seq_len_override=256,
+            cuda_graph_max_bs=0,
+        )
+        outputs.append(
+            [
+                o["token_ids"]
+                for o in llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
+            ]
+        )
         llm.shutdown()
     assert outputs[0] == outputs[1]

@@ -42,19 +42,33 @@ def ids(*values, dtype=torch.int32):
 
 
 EXAMPLES = [
-    UserMsg(uid=7, input_ids=ids(1, 2, 3), sampling_params=SamplingParams(temperature=0.5, top_k=20, max_tokens=9)),
+    UserMsg(
+        uid=7,
+        input_ids=ids(1, 2, 3),
+        sampling_params=SamplingParams(temperature=0.5, top_k=20, max_tokens=9),
+    ),
     AbortBackendMsg(uid=3),
     ExitMsg(),
     StatsQueryMsg(uid=11),
     BatchBackendMsg(data=[AbortBackendMsg(uid=1), UserMsg(2, ids(5), SamplingParams())]),
     DetokenizeMsg(uid=1, next_token=42, finished=False),
     DetokenizeMsg(uid=2, next_token=-1, finished=True, error="prompt too long"),
-    TokenizeMsg(uid=4, text="The capital of France is", sampling_params=SamplingParams(ignore_eos=True)),
-    TokenizeMsg(uid=5, text=[{"role": "user", "content": "héllo 👋"}], sampling_params=SamplingParams()),
+    TokenizeMsg(
+        uid=4, text="The capital of France is", sampling_params=SamplingParams(ignore_eos=True)
+    ),
+    TokenizeMsg(
+        uid=5, text=[{"role": "user", "content": "héllo 👋"}], sampling_params=SamplingParams()
+    ),
     AbortMsg(uid=6),
     BatchTokenizerMsg(data=[DetokenizeMsg(1, 2, False), DetokenizeMsg(3, 4, True)]),
-    UserReply(uid=1, incremental_output="中文", finished=True, finish_reason="stop", num_prompt_tokens=5,
-              num_output_tokens=3),
+    UserReply(
+        uid=1,
+        incremental_output="中文",
+        finished=True,
+        finish_reason="stop",
+        num_prompt_tokens=5,
+        num_output_tokens=3,
+    ),
     UserReply(uid=2, incremental_output="", finished=True, error="boom"),
     StatsReply(uid=3, stats={"kv_pages_free": 10}),
     BatchFrontendMsg(data=[UserReply(1, "a", False), StatsReply(2, {})]),
@@ -66,7 +80,9 @@ def same(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if dataclasses.is_dataclass(a):
-        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -87,7 +103,9 @@ def test_every_message_round_trips_through_bytes(msg):
     assert same(back, msg), (back, msg)
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8]
+)
 def test_a_tensor_travels_as_raw_bytes_and_keeps_its_dtype(dtype):
     t = torch.arange(1000).to(dtype)
     data = serialize(t)
@@ -104,7 +122,9 @@ def empty_round_trip(dtype):
 
 
 def test_a_prompt_costs_about_four_bytes_per_token():
-    msg = UserMsg(uid=0, input_ids=torch.arange(4096, dtype=torch.int32), sampling_params=SamplingParams())
+    msg = UserMsg(
+        uid=0, input_ids=torch.arange(4096, dtype=torch.int32), sampling_params=SamplingParams()
+    )
     assert 4 * 4096 <= len(dumps(msg)) < 4 * 4096 + 300
 
 
@@ -126,6 +146,7 @@ def test_base_classes_tell_the_three_directions_apart():
 
 
 # ---- queues ---------------------------------------------------------------------------
+
 
 @pytest.fixture
 def ipc_dir():

@@ -10,7 +10,15 @@ import torch
 from transformers import AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.message import AbortMsg, BatchTokenizerMsg, DetokenizeMsg, ExitMsg, StatsQueryMsg, TokenizeMsg, UserMsg
+from minisgl.message import (
+    AbortMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    StatsQueryMsg,
+    TokenizeMsg,
+    UserMsg,
+)
 from minisgl.message.frontend import BatchFrontendMsg, StatsReply, UserReply
 from minisgl.message.utils import dumps, loads
 from minisgl.tokenizer import DetokenizeManager, TokenizeManager, TokenizerWorker
@@ -32,7 +40,11 @@ def load(path):
 
 @pytest.fixture(scope="module", params=["qwen3", "smollm2"])
 def tokenizer(request):
-    return load(request.getfixturevalue("qwen3_tokenizer_path" if request.param == "qwen3" else "smollm2_path"))
+    return load(
+        request.getfixturevalue(
+            "qwen3_tokenizer_path" if request.param == "qwen3" else "smollm2_path"
+        )
+    )
 
 
 def stream(tokenizer, ids, eos=frozenset(), ignore_eos=True, finish_reason_token=None):
@@ -56,7 +68,11 @@ def test_streamed_text_has_no_broken_characters_and_equals_the_full_decode(token
     assert "".join(chunks) == tokenizer.decode(ids) == text
     if broken:  # some tokens are parts of a character: the stream waited for the rest
         assert chunks.count("") > 0
-    assert (last.finish_reason, last.num_output_tokens, last.num_prompt_tokens) == ("length", len(ids), 4)
+    assert (last.finish_reason, last.num_output_tokens, last.num_prompt_tokens) == (
+        "length",
+        len(ids),
+        4,
+    )
 
 
 def test_random_tokens_still_concatenate_to_the_full_decode(tokenizer):
@@ -76,14 +92,20 @@ def test_a_final_eos_is_not_text_and_means_stop(qwen3_tokenizer_path):
     ids = tok.encode("Bonjour 🇫🇷", add_special_tokens=False) + [eos]
     chunks, last = stream(tok, ids, eos={eos}, ignore_eos=False)
     assert "".join(chunks) == "Bonjour 🇫🇷"
-    assert (last.finish_reason, last.num_output_tokens) == ("stop", len(ids))  # EOS counted in usage
+    assert (last.finish_reason, last.num_output_tokens) == (
+        "stop",
+        len(ids),
+    )  # EOS counted in usage
     chunks, last = stream(tok, ids, eos={eos}, ignore_eos=True)  # ignore_eos: an ordinary token
     assert "".join(chunks) == "Bonjour 🇫🇷<|im_end|>" and last.finish_reason == "length"
 
 
 def test_requests_interleave_and_forgotten_ones_are_skipped(qwen3_tokenizer_path):
     tok = load(qwen3_tokenizer_path)
-    a, b = tok.encode("中文字符测试", add_special_tokens=False), tok.encode("emoji 🤖🎉!", add_special_tokens=False)
+    a, b = (
+        tok.encode("中文字符测试", add_special_tokens=False),
+        tok.encode("emoji 🤖🎉!", add_special_tokens=False),
+    )
     dm = DetokenizeManager(tok, frozenset())
     for uid in (1, 2, 3):
         dm.add(uid, 1, True)
@@ -102,7 +124,13 @@ def test_a_refused_request_gets_its_error(qwen3_tokenizer_path):
     dm = DetokenizeManager(load(qwen3_tokenizer_path), frozenset())
     dm.add(5, 9000, False)
     [d] = dm.detokenize([DetokenizeMsg(5, -1, True, error="prompt too long")])
-    assert (d.text, d.finished, d.error, d.finish_reason, d.num_output_tokens) == ("", True, "prompt too long", None, 0)
+    assert (d.text, d.finished, d.error, d.finish_reason, d.num_output_tokens) == (
+        "",
+        True,
+        "prompt too long",
+        None,
+        0,
+    )
 
 
 def test_chat_requests_get_the_chat_template(tokenizer):
@@ -112,7 +140,9 @@ def test_chat_requests_get_the_chat_template(tokenizer):
     rendered = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert prompt_ids.dtype == torch.int32
     assert prompt_ids.tolist() == tokenizer.encode(rendered, add_special_tokens=False)
-    assert tokenizer.decode(prompt_ids.tolist()) == rendered and rendered.rstrip().endswith("assistant")
+    assert tokenizer.decode(prompt_ids.tolist()) == rendered and rendered.rstrip().endswith(
+        "assistant"
+    )
     [plain] = tm.tokenize([TokenizeMsg(1, "The capital of France is", SamplingParams())])
     assert plain.tolist() == tokenizer.encode("The capital of France is")  # as the offline LLM does
 
@@ -122,7 +152,9 @@ def test_a_tokenizer_without_chat_template_says_so(qwen3_tokenizer_path):
     template, tok.chat_template = tok.chat_template, None
     try:
         with pytest.raises(ValueError, match="no chat template"):
-            TokenizeManager(tok).tokenize([TokenizeMsg(0, [{"role": "user", "content": "hi"}], SamplingParams())])
+            TokenizeManager(tok).tokenize(
+                [TokenizeMsg(0, [{"role": "user", "content": "hi"}], SamplingParams())]
+            )
     finally:
         tok.chat_template = template
 
@@ -152,21 +184,28 @@ def test_the_worker_between_api_server_and_scheduler(smollm2_path):
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        to_worker.put(TokenizeMsg(uid=1, text="Hello 🌍", sampling_params=SamplingParams(max_tokens=3)))
+        to_worker.put(
+            TokenizeMsg(uid=1, text="Hello 🌍", sampling_params=SamplingParams(max_tokens=3))
+        )
         msg = from_worker_to_backend.get()
         tok = worker.tokenize_manager.tokenizer
         assert isinstance(msg, UserMsg) and msg.input_ids.tolist() == tok.encode("Hello 🌍")
 
         out_ids = tok.encode(" 世界 ✓", add_special_tokens=False)
         last = len(out_ids) - 1
-        to_worker.put(BatchTokenizerMsg(data=[DetokenizeMsg(1, t, i == last) for i, t in enumerate(out_ids)]))
+        to_worker.put(
+            BatchTokenizerMsg(data=[DetokenizeMsg(1, t, i == last) for i, t in enumerate(out_ids)])
+        )
         replies = []
         while not (replies and replies[-1].finished):
             got = from_worker_to_frontend.get()
             replies += got.data if isinstance(got, BatchFrontendMsg) else [got]
         assert all(isinstance(r, UserReply) for r in replies)
         assert "".join(r.incremental_output for r in replies) == " 世界 ✓"
-        assert (replies[-1].num_prompt_tokens, replies[-1].num_output_tokens) == (len(msg.input_ids), len(out_ids))
+        assert (replies[-1].num_prompt_tokens, replies[-1].num_output_tokens) == (
+            len(msg.input_ids),
+            len(out_ids),
+        )
 
         to_worker.put(StatsQueryMsg(uid=9))  # passed on to the scheduler unchanged
         assert from_worker_to_backend.get() == StatsQueryMsg(uid=9)
@@ -174,8 +213,12 @@ def test_the_worker_between_api_server_and_scheduler(smollm2_path):
         assert from_worker_to_frontend.get() == StatsReply(uid=9, stats={"x": 1})
         to_worker.put(AbortMsg(uid=1))
         assert from_worker_to_backend.get().uid == 1
-        to_worker.put(TokenizeMsg(uid=2, text=[{"role": "bogus"}], sampling_params=SamplingParams()))
-        bad = from_worker_to_frontend.get()  # a bad chat message: an error reply, the worker lives on
+        to_worker.put(
+            TokenizeMsg(uid=2, text=[{"role": "bogus"}], sampling_params=SamplingParams())
+        )
+        bad = (
+            from_worker_to_frontend.get()
+        )  # a bad chat message: an error reply, the worker lives on
         assert bad.uid == 2 and bad.finished and "cannot tokenize" in bad.error
         to_worker.put(ExitMsg())
         thread.join(10)

@@ -9,6 +9,7 @@ from typing import Dict, List
 
 import pytest
 import torch
+from conftest import DEVICE, hf_greedy
 
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedInfo
@@ -27,8 +28,6 @@ from minisgl.message.utils import dumps, loads
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, new_ipc_dir
-
-from conftest import DEVICE, hf_greedy
 
 
 @pytest.fixture
@@ -65,14 +64,18 @@ class FakeRank(SchedulerIOMixin):
                     self.remaining[m.uid] = m.sampling_params.max_tokens
                 elif isinstance(m, AbortBackendMsg):
                     self.remaining.pop(m.uid, None)
-            reply = [DetokenizeMsg(uid, 0, left == 1) for uid, left in sorted(self.remaining.items())]
+            reply = [
+                DetokenizeMsg(uid, 0, left == 1) for uid, left in sorted(self.remaining.items())
+            ]
             self.remaining = {u: n - 1 for u, n in self.remaining.items() if n > 1}
             self.send_result(reply)
             time.sleep(random.random() * 0.002)  # ranks run at different speeds
 
 
 def config(ipc_dir, rank=0, size=1, model_path="unused", **kw):
-    return SchedulerConfig(model_path=model_path, tp_info=DistributedInfo(rank, size), ipc_dir=ipc_dir, **kw)
+    return SchedulerConfig(
+        model_path=model_path, tp_info=DistributedInfo(rank, size), ipc_dir=ipc_dir, **kw
+    )
 
 
 def test_every_rank_sees_the_same_messages_in_the_same_order(ipc_dir):
@@ -93,7 +96,9 @@ def test_every_rank_sees_the_same_messages_in_the_same_order(ipc_dir):
         params = SamplingParams(max_tokens=rng.randint(1, 6))
         to_backend.put(UserMsg(uid, torch.tensor([1, 2], dtype=torch.int32), params))
         if uid % 7 == 3:
-            to_backend.put(BatchBackendMsg(data=[AbortBackendMsg(uid), StatsQueryMsg(uid=1000 + uid)]))
+            to_backend.put(
+                BatchBackendMsg(data=[AbortBackendMsg(uid), StatsQueryMsg(uid=1000 + uid)])
+            )
         time.sleep(rng.random() * 0.01)
     time.sleep(0.3)
     to_backend.put(ExitMsg())
@@ -129,12 +134,21 @@ def test_offline_mode_opens_nothing_and_leaves_io_to_the_subclass(ipc_dir):
 
 # ---- the real scheduler, served over sockets (in a thread of this process) --------------
 
+
 @pytest.fixture
 def served(qwen3_path, ipc_dir):
     """A real Scheduler in online mode; the test plays the tokenizer worker."""
     ENV.DISABLE_OVERLAP_SCHEDULING.value = False  # served as the server does: overlapped
-    cfg = config(ipc_dir, model_path=str(qwen3_path), dtype=torch.float32, device=DEVICE,
-                 attention_backend="torch", max_running_req=4, num_page_override=512, max_seq_len_override=64)
+    cfg = config(
+        ipc_dir,
+        model_path=str(qwen3_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=512,
+        max_seq_len_override=64,
+    )
     scheduler = Scheduler(cfg)
     errors: List[BaseException] = []
 
@@ -180,18 +194,30 @@ def test_the_scheduler_serves_over_sockets(served, qwen3_path):
     scheduler, to_backend, replies = served
     prompts = [[1, 2, 3], [10, 20, 30, 40, 50], list(range(5, 13))]
     for uid, p in enumerate(prompts):
-        to_backend.put(UserMsg(uid, torch.tensor(p, dtype=torch.int32), SamplingParams(max_tokens=6, ignore_eos=True)))
-    to_backend.put(UserMsg(7, torch.arange(100, dtype=torch.int32), SamplingParams(max_tokens=2)))  # > 64
+        to_backend.put(
+            UserMsg(
+                uid,
+                torch.tensor(p, dtype=torch.int32),
+                SamplingParams(max_tokens=6, ignore_eos=True),
+            )
+        )
+    to_backend.put(
+        UserMsg(7, torch.arange(100, dtype=torch.int32), SamplingParams(max_tokens=2))
+    )  # > 64
     done = lambda t, o: all(u in t and t[u][-1].finished for u in (0, 1, 2, 7))  # noqa: E731
     tokens, _ = collect(replies, done)
-    assert [[m.next_token for m in tokens[u]] for u in range(3)] == hf_greedy(qwen3_path, prompts, 6)
+    assert [[m.next_token for m in tokens[u]] for u in range(3)] == hf_greedy(
+        qwen3_path, prompts, 6
+    )
     [refused] = tokens[7]
     assert refused.error and "100 tokens" in refused.error and "limit is 64" in refused.error
 
     to_backend.put(StatsQueryMsg(uid=99))
     _, others = collect(replies, lambda t, o: any(isinstance(m, StatsReply) for m in o))
     stats = others[-1].stats
-    assert stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"] == 4
+    assert (
+        stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"] == 4
+    )
     assert stats["running_reqs"] == stats["pending_reqs"] == 0 and stats["max_seq_len"] == 64
 
 

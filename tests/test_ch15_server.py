@@ -21,15 +21,19 @@ import openai
 import psutil
 import pytest
 import torch
+from conftest import DEVICE, ROOT
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.server.args import parse_args
 
-from conftest import DEVICE, ROOT
-
 MAX_SEQ_LEN = 512
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three prime numbers:",
+    "Once upon a time,",
+]
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
@@ -45,20 +49,44 @@ class Server:
     def __init__(self, model: Path, log: Path, *extra: str) -> None:
         self.port, self.log = free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port),
-               "--device", DEVICE, "--max-seq-len", str(MAX_SEQ_LEN), "--num-pages", "8192", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            "--device",
+            DEVICE,
+            "--max-seq-len",
+            str(MAX_SEQ_LEN),
+            "--num-pages",
+            "8192",
+            *extra,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_ready(self, timeout: float = 600) -> "Server":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+                pytest.fail(
+                    f"the server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    self.workers = {n: psutil.Process(p) for n, p in self.get("/health")["workers"].items()}
+                    self.workers = {
+                        n: psutil.Process(p) for n, p in self.get("/health")["workers"].items()
+                    }
                     return self
             except httpx.HTTPError:
                 pass
@@ -70,7 +98,9 @@ class Server:
         return httpx.get(f"{self.url}{path}", timeout=30).json()
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
 
     def stop(self, sig: int = signal.SIGTERM, group: bool = False) -> int:
         if self.proc.poll() is None:
@@ -105,8 +135,15 @@ def server(smollm2_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def offline(smollm2_path):
     """The offline LLM with the server's settings: the oracle for the server's texts."""
-    llm = LLM(str(smollm2_path), dtype=torch.float32, device=DEVICE, attention_backend="torch",
-              max_seq_len_override=MAX_SEQ_LEN, num_page_override=8192, max_running_req=8)
+    llm = LLM(
+        str(smollm2_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_seq_len_override=MAX_SEQ_LEN,
+        num_page_override=8192,
+        max_running_req=8,
+    )
     tokenizer = llm.tokenizer
 
     def generate(prompt, max_tokens):
@@ -116,12 +153,15 @@ def offline(smollm2_path):
         n_in = len(tokenizer.encode(prompt, add_special_tokens=False))  # the template has them
         return out["text"], ("stop" if stopped else "length"), len(out["token_ids"]) + stopped, n_in
 
-    generate.chat_text = lambda msgs: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    generate.chat_text = lambda msgs: tokenizer.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
     yield generate
     llm.shutdown()
 
 
 # ---- answers equal the offline LLM's --------------------------------------------------
+
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_completions_equal_offline_generate(server, offline, stream):
@@ -129,17 +169,31 @@ def test_completions_equal_offline_generate(server, offline, stream):
     for prompt in PROMPTS[:2]:
         text, reason, n_out, n_in = offline(prompt, 12)
         if stream:
-            chunks = list(client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=12,
-                                                    temperature=0, stream=True, stream_options={"include_usage": True}))
+            chunks = list(
+                client.completions.create(
+                    model="SmolLM2-135M-Instruct",
+                    prompt=prompt,
+                    max_tokens=12,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
             got = "".join(c.choices[0].text for c in chunks if c.choices)
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
             usage = chunks[-1].usage
         else:
-            out = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=12, temperature=0)
+            out = client.completions.create(
+                model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=12, temperature=0
+            )
             got, usage = out.choices[0].text, out.usage
             assert out.choices[0].finish_reason == reason
         assert got == text
-        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (n_in, n_out, n_in + n_out)
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+            n_in,
+            n_out,
+            n_in + n_out,
+        )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -147,15 +201,24 @@ def test_chat_completions_apply_the_template_and_equal_offline_generate(server, 
     text, reason, n_out, n_in = offline(offline.chat_text(CHAT), 24)
     client = server.client()
     if stream:
-        chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=24,
-                                                     temperature=0, stream=True,
-                                                     stream_options={"include_usage": True}))
+        chunks = list(
+            client.chat.completions.create(
+                model="SmolLM2-135M-Instruct",
+                messages=CHAT,
+                max_tokens=24,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[0].choices[0].delta.role == "assistant"
         got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
         assert (chunks[-1].usage.completion_tokens, chunks[-1].usage.prompt_tokens) == (n_out, n_in)
     else:
-        out = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=24, temperature=0)
+        out = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=CHAT, max_tokens=24, temperature=0
+        )
         got = out.choices[0].message.content
         assert out.choices[0].message.role == "assistant" and out.choices[0].finish_reason == reason
         assert (out.usage.completion_tokens, out.usage.prompt_tokens) == (n_out, n_in)
@@ -163,12 +226,15 @@ def test_chat_completions_apply_the_template_and_equal_offline_generate(server, 
 
 
 def test_concurrent_streams_each_get_their_own_text(server, offline):
-    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
     lengths = [3, 9, 6, 12]
 
     async def one(prompt, n):
-        stream = await client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=n,
-                                                 temperature=0, stream=True)
+        stream = await client.completions.create(
+            model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=n, temperature=0, stream=True
+        )
         return "".join([c.choices[0].text async for c in stream])
 
     async def main():
@@ -182,7 +248,9 @@ def test_generate_endpoint_streams_and_answers(server, offline):
     body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
     out = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
     assert (out["text"], out["finish_reason"]) == (text, reason)
-    with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=60
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     assert "".join(json.loads(line[6:])["text"] for line in lines[:-1]) == text
@@ -212,7 +280,9 @@ def test_bad_launch_arguments_get_one_line_before_any_worker_starts(qwen3_path, 
         argv = ["--model", str(qwen3_path), "--device", "cpu", "--port", str(free_port())]
         argv += [str(busy.getsockname()[1]) if a == "<busy>" else a for a in extra]
         t0 = time.monotonic()
-        res = subprocess.run([sys.executable, "-m", "minisgl", *argv], capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "minisgl", *argv], capture_output=True, text=True, timeout=120
+        )
     assert res.returncode != 0 and message in res.stderr, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "starting the workers" not in res.stdout
     assert time.monotonic() - t0 < 60
@@ -220,7 +290,9 @@ def test_bad_launch_arguments_get_one_line_before_any_worker_starts(qwen3_path, 
 
 def test_the_server_listens_on_loopback_only_by_default(server):
     assert parse_args(["--model", "m"], "/tmp").server_host == "127.0.0.1"
-    listening = [c.laddr for c in psutil.Process(server.proc.pid).net_connections() if c.status == "LISTEN"]
+    listening = [
+        c.laddr for c in psutil.Process(server.proc.pid).net_connections() if c.status == "LISTEN"
+    ]
     assert listening == [("127.0.0.1", server.port)]
 
 
@@ -246,23 +318,39 @@ BAD = [
     ("completions", {"prompt": 123}, 400, "prompt"),
     ("chat/completions", {"messages": "hi"}, 400, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
-    ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
+    (
+        "chat/completions",
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        400,
+        "messages.0.role",
+    ),
     ("completions", {"prompt": "hi", "n": 2}, 400, "only n=1"),
     ("completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs are not supported"),
     ("chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs are not supported"),
     ("completions", {"prompt": "hi", "stop": ["\n"]}, 400, "stop sequences"),
     ("completions", {"prompt": "hi", "frobnicate": 1}, 400, "unsupported field 'frobnicate'"),
     ("completions", {"prompt": LONG_PROMPT}, 400, f"the context limit is {MAX_SEQ_LEN} tokens"),
-    ("completions", {"prompt": LONG_PROMPT, "stream": True}, 400, f"the context limit is {MAX_SEQ_LEN} tokens"),
+    (
+        "completions",
+        {"prompt": LONG_PROMPT, "stream": True},
+        400,
+        f"the context limit is {MAX_SEQ_LEN} tokens",
+    ),
 ]
 
 
-@pytest.mark.parametrize("endpoint,body,status,message", BAD, ids=[f"{i}-{b[3][:24]}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "endpoint,body,status,message", BAD, ids=[f"{i}-{b[3][:24]}" for i, b in enumerate(BAD)]
+)
 def test_bad_input_gets_a_4xx_json_error(server, endpoint, body, status, message):
     if isinstance(body, dict):
         body = json.dumps({"model": "SmolLM2-135M-Instruct", **body})
-    r = httpx.post(f"{server.url}/v1/{endpoint}", content=body, timeout=60,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{server.url}/v1/{endpoint}",
+        content=body,
+        timeout=60,
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == status, r.text
     assert message in r.json()["error"]["message"], r.json()
 
@@ -275,13 +363,20 @@ def test_the_openai_client_raises_the_message_and_the_server_keeps_serving(serve
         client.chat.completions.create(model="nope", messages=CHAT)
     with pytest.raises(openai.BadRequestError, match="context limit"):
         client.completions.create(model="SmolLM2-135M-Instruct", prompt=LONG_PROMPT, max_tokens=2)
-    out = client.completions.create(model="SmolLM2-135M-Instruct", prompt="1 + 1 =", max_tokens=2, temperature=0)
+    out = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="1 + 1 =", max_tokens=2, temperature=0
+    )
     assert out.usage.completion_tokens == 2
 
 
 def test_a_client_that_disconnects_aborts_its_request(server):
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Count: 1, 2, 3,", "max_tokens": 400, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "Count: 1, 2, 3,",
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i >= 6:
@@ -292,12 +387,19 @@ def test_a_client_that_disconnects_aborts_its_request(server):
 
 # ---- a dead worker: fail fast, say which ----------------------------------------------------
 
+
 def test_a_killed_worker_makes_the_server_fail_fast(qwen3_path, tmp_path):
     server = Server(qwen3_path, tmp_path / "server.log").wait_ready()
     try:
         client = server.client()
-        stream = client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=400, temperature=0,
-                                           stream=True, extra_body={"ignore_eos": True})
+        stream = client.completions.create(
+            model="tiny-qwen3",
+            prompt="Hello",
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         next(iter(stream))  # it is running
         victim = server.workers["minisgl-scheduler-0"]
         t0 = time.monotonic()
@@ -305,11 +407,15 @@ def test_a_killed_worker_makes_the_server_fail_fast(qwen3_path, tmp_path):
         with pytest.raises(openai.APIError, match="minisgl-scheduler-0"):
             for _ in stream:
                 pass
-        with pytest.raises(openai.InternalServerError, match=f"minisgl-scheduler-0 \\(pid {victim.pid}\\) died"):
+        with pytest.raises(
+            openai.InternalServerError, match=f"minisgl-scheduler-0 \\(pid {victim.pid}\\) died"
+        ):
             client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=2)
         assert time.monotonic() - t0 < 10  # fail fast, do not hang
         assert httpx.get(f"{server.url}/health").status_code == 503
-        assert f"worker process minisgl-scheduler-0 (pid {victim.pid}) died" in server.log.read_text()
+        assert (
+            f"worker process minisgl-scheduler-0 (pid {victim.pid}) died" in server.log.read_text()
+        )
     finally:
         rc = server.stop(signal.SIGINT, group=True)  # Ctrl-C in its terminal: every process
     assert rc == 0
@@ -327,6 +433,7 @@ def test_ctrl_c_stops_every_process_without_reporting_a_crash(qwen3_path, tmp_pa
 
 
 # ---- the shell, without processes ----------------------------------------------------------
+
 
 def test_the_shell_keeps_the_conversation_and_resets_it(monkeypatch, capsys):
     from minisgl import shell
@@ -352,7 +459,10 @@ def test_the_shell_keeps_the_conversation_and_resets_it(monkeypatch, capsys):
 
     fm = FakeFrontend()
     asyncio.run(shell._chat(fm))
-    assert fm.chats[1] == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "answer 1!"},
-                           {"role": "user", "content": "And?"}]
+    assert fm.chats[1] == [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "answer 1!"},
+        {"role": "user", "content": "And?"},
+    ]
     assert fm.chats[2] == [{"role": "user", "content": "Bye"}]  # after /reset
     assert "answer 2!" in capsys.readouterr().out

@@ -20,11 +20,18 @@ import httpx
 import openai
 import pytest
 import torch
+from conftest import DEVICE
 from safetensors.torch import load_file, save_file
+from test_ch15_server import Server
 
 from minisgl.core import Context, SamplingParams, set_global_ctx
 from minisgl.distributed import DistributedCommunicator, set_tp_info
-from minisgl.layers import LinearColParallelMerged, LinearRowParallel, ParallelLMHead, VocabParallelEmbedding
+from minisgl.layers import (
+    LinearColParallelMerged,
+    LinearRowParallel,
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
 from minisgl.layers.shard import (
     check_tp_size,
     shard_column,
@@ -36,16 +43,24 @@ from minisgl.layers.shard import (
 from minisgl.llm import LLM
 from minisgl.server.args import parse_args
 
-from conftest import DEVICE
-from test_ch15_server import Server
-
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three prime numbers:",
+    "Once upon a time,",
+]
 MAX_TOKENS = 10
-OPTIONS = dict(dtype=torch.float32, device=DEVICE, attention_backend="torch", max_seq_len_override=512,
-               num_page_override=8192)
+OPTIONS = dict(
+    dtype=torch.float32,
+    device=DEVICE,
+    attention_backend="torch",
+    max_seq_len_override=512,
+    num_page_override=8192,
+)
 
 
 # ---- the cuts -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_column_and_row_shards_put_back_together_are_the_weight(size):
@@ -67,7 +82,9 @@ def test_kv_heads_are_replicated_when_there_are_fewer_than_ranks():
     w = torch.arange(heads * head_dim * 5, dtype=torch.float32).reshape(heads * head_dim, 5)
     # 4 ranks, 2 heads: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1
     for rank, head in [(0, 0), (1, 0), (2, 1), (3, 1)]:
-        assert torch.equal(shard_kv_heads(w, rank, 4, heads), w[head * head_dim : (head + 1) * head_dim])
+        assert torch.equal(
+            shard_kv_heads(w, rank, 4, heads), w[head * head_dim : (head + 1) * head_dim]
+        )
     # as many heads as ranks or more: an ordinary column cut
     assert torch.equal(shard_kv_heads(w, 1, 2, heads), w[head_dim:])
 
@@ -105,6 +122,7 @@ def test_the_server_takes_tp_and_gives_the_ranks_a_meeting_place(qwen3_path):
 
 
 # ---- the layers, with collectives simulated by threads --------------------------------------
+
 
 class ThreadCollectives:
     """All-reduce and all-gather between ``size`` threads, one per simulated rank."""
@@ -163,11 +181,17 @@ def _build(size: int, make: Callable[[], object], weights: dict) -> List[object]
 @pytest.fixture
 def simulated(monkeypatch):
     """``ThreadCollectives`` of a given size, patched into every ``DistributedCommunicator``."""
+
     def make(size: int) -> ThreadCollectives:
         sim = ThreadCollectives(size)
-        monkeypatch.setattr(DistributedCommunicator, "all_reduce", lambda self, x: sim.all_reduce(x))
-        monkeypatch.setattr(DistributedCommunicator, "all_gather", lambda self, x: sim.all_gather(x))
+        monkeypatch.setattr(
+            DistributedCommunicator, "all_reduce", lambda self, x: sim.all_reduce(x)
+        )
+        monkeypatch.setattr(
+            DistributedCommunicator, "all_gather", lambda self, x: sim.all_gather(x)
+        )
         return sim
+
     yield make
     set_tp_info(0, 1)
 
@@ -175,13 +199,24 @@ def simulated(monkeypatch):
 @pytest.mark.parametrize("size", [2, 4])
 def test_a_column_then_row_parallel_mlp_equals_the_full_one(simulated, size):
     torch.manual_seed(0)
-    x, w_up, w_down, bias = torch.randn(5, 8), torch.randn(16, 8), torch.randn(8, 16), torch.randn(8)
+    x, w_up, w_down, bias = (
+        torch.randn(5, 8),
+        torch.randn(16, 8),
+        torch.randn(8, 16),
+        torch.randn(8),
+    )
     expected = (x @ w_up.T) @ w_down.T + bias
     sim = simulated(size)
-    ups = _build(size, lambda: LinearColParallelMerged(8, [16], has_bias=False),
-                 {"weight": lambda r: shard_column(w_up, r, size)})
-    downs = _build(size, lambda: LinearRowParallel(16, 8, has_bias=True),
-                   {"weight": lambda r: shard_row(w_down, r, size), "bias": lambda r: bias})
+    ups = _build(
+        size,
+        lambda: LinearColParallelMerged(8, [16], has_bias=False),
+        {"weight": lambda r: shard_column(w_up, r, size)},
+    )
+    downs = _build(
+        size,
+        lambda: LinearRowParallel(16, 8, has_bias=True),
+        {"weight": lambda r: shard_row(w_down, r, size), "bias": lambda r: bias},
+    )
     outs = sim.run(lambda r: downs[r].forward(ups[r].forward(x)))
     for out in outs:  # every rank ends with the whole result, the bias added once
         torch.testing.assert_close(out, expected)
@@ -192,8 +227,14 @@ def test_vocab_parallel_embedding_and_lm_head_equal_the_full_ones(simulated, voc
     torch.manual_seed(0)
     table, ids = torch.randn(vocab, 6), torch.tensor([0, vocab - 1, 3, vocab // 2, 1])
     sim = simulated(size)
-    embeds = _build(size, lambda: VocabParallelEmbedding(vocab, 6), {"weight": lambda r: shard_vocab(table, r, size)})
-    heads = _build(size, lambda: ParallelLMHead(vocab, 6), {"weight": lambda r: shard_vocab(table, r, size)})
+    embeds = _build(
+        size,
+        lambda: VocabParallelEmbedding(vocab, 6),
+        {"weight": lambda r: shard_vocab(table, r, size)},
+    )
+    heads = _build(
+        size, lambda: ParallelLMHead(vocab, 6), {"weight": lambda r: shard_vocab(table, r, size)}
+    )
     for out in sim.run(lambda r: embeds[r].forward(ids)):
         torch.testing.assert_close(out, table[ids])
     ctx = Context(page_size=1)
@@ -212,6 +253,7 @@ def test_vocab_parallel_embedding_and_lm_head_equal_the_full_ones(simulated, voc
 
 # ---- real ranks: gloo on the CPU -------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def odd_vocab_qwen3(qwen3_path, tmp_path_factory):
     """The tiny Qwen3 with one vocabulary row fewer (151,935: odd), so that 2 and 4 ranks
@@ -219,7 +261,10 @@ def odd_vocab_qwen3(qwen3_path, tmp_path_factory):
     path = tmp_path_factory.mktemp("odd") / "tiny-qwen3-odd-vocab"
     shutil.copytree(qwen3_path, path)
     weights = load_file(path / "model.safetensors")
-    weights = {k: (v[:-1].contiguous() if "embed_tokens" in k or "lm_head" in k else v) for k, v in weights.items()}
+    weights = {
+        k: (v[:-1].contiguous() if "embed_tokens" in k or "lm_head" in k else v)
+        for k, v in weights.items()
+    }
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
     config["vocab_size"] -= 1
@@ -245,7 +290,9 @@ def test_offline_llm_at_tp2_equals_tp1_with_a_padded_vocab_and_names_a_dead_rank
         victim.kill()
         victim.join()
         t0 = time.monotonic()
-        with pytest.raises(RuntimeError, match=f"rank 1 \\(pid {victim.pid}\\) exited with code -9"):
+        with pytest.raises(
+            RuntimeError, match=f"rank 1 \\(pid {victim.pid}\\) exited with code -9"
+        ):
             _greedy(llm)
         assert time.monotonic() - t0 < 30  # an error, not a hang
     finally:
@@ -266,8 +313,13 @@ def _server_texts(server: Server) -> List[str]:
     client = server.client()
 
     def one(prompt: str) -> str:
-        out = client.completions.create(model="tiny-qwen3", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                        extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model="tiny-qwen3",
+            prompt=prompt,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         return out.choices[0].text
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
@@ -283,13 +335,21 @@ def test_a_tp4_server_replicates_kv_heads_and_answers_as_one_rank(qwen3_path, tm
         assert server.stop(signal.SIGTERM) == 0, server.log.read_text()[-3000:]
 
 
-def test_a_tp2_server_answers_as_one_rank_and_a_dead_rank_takes_it_down(qwen3_path, tmp_path, tp1_texts):
+def test_a_tp2_server_answers_as_one_rank_and_a_dead_rank_takes_it_down(
+    qwen3_path, tmp_path, tp1_texts
+):
     server = Server(qwen3_path, tmp_path / "server.log", "--tp", "2").wait_ready()
     try:
         assert _server_texts(server) == tp1_texts
         client = server.client()
-        stream = client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=400, temperature=0,
-                                           stream=True, extra_body={"ignore_eos": True})
+        stream = client.completions.create(
+            model="tiny-qwen3",
+            prompt="Hello",
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         next(iter(stream))  # it is running on both ranks
         victim, peer = server.workers["minisgl-scheduler-1"], server.workers["minisgl-scheduler-0"]
         t0 = time.monotonic()
@@ -297,7 +357,9 @@ def test_a_tp2_server_answers_as_one_rank_and_a_dead_rank_takes_it_down(qwen3_pa
         with pytest.raises(openai.APIError, match="minisgl-scheduler-1"):
             for _ in stream:
                 pass
-        with pytest.raises(openai.InternalServerError, match=f"minisgl-scheduler-1 \\(pid {victim.pid}\\) died"):
+        with pytest.raises(
+            openai.InternalServerError, match=f"minisgl-scheduler-1 \\(pid {victim.pid}\\) died"
+        ):
             client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=2)
         peer.wait(timeout=10)  # rank 0 does not linger, waiting for its peer in a collective
         assert time.monotonic() - t0 < 15

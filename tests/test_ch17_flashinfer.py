@@ -20,17 +20,21 @@ import random
 
 import pytest
 import torch
+from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.attention.fi import paged_kv_index, use_tensor_cores
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.kernel import torch_ops, use_flashinfer, use_triton
 
-from conftest import MODELS, SMOLLM2, hf_encode
-
 LOGIT_TOL = 0.02  # of the step's logit range (max - min), per element
 SHAPED = MODELS / "qwen3-0.6b-shaped"
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 =", "Once upon a time, in a small village by the sea,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "1 + 1 =",
+    "Once upon a time, in a small village by the sea,",
+]
 
 
 def _req(row: int, length: int, cached: int = 0) -> Req:
@@ -66,8 +70,13 @@ def test_page_ids_come_from_the_first_slot_of_each_page(page):
     reqs = [_req(0, 1), _req(1, 17), _req(2, 64)]
     index = paged_kv_index(table, reqs, page)
     for i, r in enumerate(reqs):
-        assert torch.equal(_slots_from_index(index, i, page), table[r.table_idx, : r.device_len].long())
-    assert index.kv_indptr.tolist() == [0, *torch.tensor([-(-n // page) for n in (1, 17, 64)]).cumsum(0).tolist()]
+        assert torch.equal(
+            _slots_from_index(index, i, page), table[r.table_idx, : r.device_len].long()
+        )
+    assert index.kv_indptr.tolist() == [
+        0,
+        *torch.tensor([-(-n // page) for n in (1, 17, 64)]).cumsum(0).tolist(),
+    ]
 
 
 def test_index_of_random_batches_reconstructs_every_slot():
@@ -85,7 +94,9 @@ def test_index_of_random_batches_reconstructs_every_slot():
         assert index.seq_lens.tolist() == [r.device_len for r in reqs]
         assert all(1 <= n <= page for n in index.kv_last_page_len.tolist())
         for i, r in enumerate(reqs):
-            assert torch.equal(_slots_from_index(index, i, page), table[r.table_idx, : r.device_len].long())
+            assert torch.equal(
+                _slots_from_index(index, i, page), table[r.table_idx, : r.device_len].long()
+            )
 
 
 def test_queries_count_only_the_uncached_tokens():
@@ -124,8 +135,16 @@ def test_kernels_stay_on_torch_on_the_cpu():
 def test_the_engine_picks_torch_attention_without_cuda(qwen3_path):
     from minisgl.engine import Engine, EngineConfig
 
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=2,
-                              num_page_override=16, max_seq_len_override=16))
+    eng = Engine(
+        EngineConfig(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device="cpu",
+            max_running_req=2,
+            num_page_override=16,
+            max_seq_len_override=16,
+        )
+    )
     assert type(eng.attn_backend).__name__ == "TorchAttnBackend"
     assert eng.graph_runner.graph_bs == [] and not eng.graph_runner.graphs
     eng.shutdown()
@@ -135,26 +154,48 @@ def test_the_engine_picks_torch_attention_without_cuda(qwen3_path):
 
 
 def _gpu_models():
-    return [pytest.param(p, id=p.name, marks=pytest.mark.skipif(not (p / "config.json").is_file(),
-                                                                  reason=f"{p} not built (tools/models.py)"))
-            for p in (SHAPED, SMOLLM2)]
+    return [
+        pytest.param(
+            p,
+            id=p.name,
+            marks=pytest.mark.skipif(
+                not (p / "config.json").is_file(), reason=f"{p} not built (tools/models.py)"
+            ),
+        )
+        for p in (SHAPED, SMOLLM2)
+    ]
 
 
 def _engine(path, page_size=1, backend="fi", graphs=0, **kw):
     from minisgl.engine import Engine, EngineConfig
 
-    return Engine(EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", page_size=page_size,
-                               max_running_req=8, num_page_override=4096 // page_size, max_seq_len_override=512,
-                               attention_backend=backend, cuda_graph_max_bs=graphs, **kw))
+    return Engine(
+        EngineConfig(
+            str(path),
+            dtype=torch.bfloat16,
+            device="cuda",
+            page_size=page_size,
+            max_running_req=8,
+            num_page_override=4096 // page_size,
+            max_seq_len_override=512,
+            attention_backend=backend,
+            cuda_graph_max_bs=graphs,
+            **kw,
+        )
+    )
 
 
 def _swap_backend(engine, name):
     from minisgl.attention import create_attention_backend
 
-    engine.attn_backend = engine.ctx.attn_backend = create_attention_backend(name, engine.config.model_config)
+    engine.attn_backend = engine.ctx.attn_backend = create_attention_backend(
+        name, engine.config.model_config
+    )
 
 
-def assert_logits_close(a: torch.Tensor, b: torch.Tensor, tol: float = LOGIT_TOL, what: str = "logits") -> None:
+def assert_logits_close(
+    a: torch.Tensor, b: torch.Tensor, tol: float = LOGIT_TOL, what: str = "logits"
+) -> None:
     """Shapes first, then the largest difference relative to the logit range, and where."""
     assert a.shape == b.shape, f"{what}: shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
     diff = (a.float() - b.float()).abs()
@@ -169,7 +210,9 @@ def assert_logits_close(a: torch.Tensor, b: torch.Tensor, tol: float = LOGIT_TOL
 def _teacher_forced_logits(engine, ids, steps, forced=None):
     from minisgl.benchmark import manual
 
-    tokens, logits = manual.greedy(engine, manual.place(engine, ids, steps), steps, use_graph=False, forced=forced)
+    tokens, logits = manual.greedy(
+        engine, manual.place(engine, ids, steps), steps, use_graph=False, forced=forced
+    )
     return tokens, logits
 
 
@@ -221,7 +264,9 @@ def test_hybrid_backends_split_prefill_and_decode(name):
     engine = _engine(path, backend=name)
     reqs = manual.place(engine, [hf_encode(path, p) for p in PROMPTS], 2)
     prefill = manual.build_batch(engine, reqs, "prefill")
-    expect = (FIMetadata, TorchAttnMetadata) if name == "fi,torch" else (TorchAttnMetadata, FIMetadata)
+    expect = (
+        (FIMetadata, TorchAttnMetadata) if name == "fi,torch" else (TorchAttnMetadata, FIMetadata)
+    )
     assert isinstance(prefill.attn_metadata, expect[0])
     manual.forward(engine, prefill)
     for r, t in zip(reqs, [1, 2, 3, 4]):
@@ -239,22 +284,33 @@ def test_flashinfer_kernels_match_the_torch_reference():
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
     x, w = torch.randn(37, 1024, device=dev, dtype=dt), torch.rand(1024, device=dev, dtype=dt) + 0.5
-    torch.testing.assert_close(fi_ops.rms_norm(x, w, 1e-6), torch_ops.rms_norm(x, w, 1e-6), rtol=2e-2, atol=2e-2)
-    qk = torch.randn(37, 24, 128, device=dev, dtype=dt)[:, 4:20]  # a strided view, like q out of qkv
+    torch.testing.assert_close(
+        fi_ops.rms_norm(x, w, 1e-6), torch_ops.rms_norm(x, w, 1e-6), rtol=2e-2, atol=2e-2
+    )
+    qk = torch.randn(37, 24, 128, device=dev, dtype=dt)[
+        :, 4:20
+    ]  # a strided view, like q out of qkv
     wh = torch.rand(128, device=dev, dtype=dt) + 0.5
-    torch.testing.assert_close(fi_ops.rms_norm(qk, wh, 1e-6), torch_ops.rms_norm(qk, wh, 1e-6), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        fi_ops.rms_norm(qk, wh, 1e-6), torch_ops.rms_norm(qk, wh, 1e-6), rtol=2e-2, atol=2e-2
+    )
     r = torch.randn_like(x)
     ref = torch_ops.fused_add_rms_norm(x, r, w, 1e-6)
     got = fi_ops.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
     torch.testing.assert_close(got[1], ref[1], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(got[0], ref[0], rtol=2e-2, atol=2e-2)
     gu = torch.randn(37, 2 * 3072, device=dev, dtype=dt)
-    torch.testing.assert_close(fi_ops.silu_and_mul(gu), torch_ops.silu_and_mul(gu), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(
+        fi_ops.silu_and_mul(gu), torch_ops.silu_and_mul(gu), rtol=2e-2, atol=2e-2
+    )
     from minisgl.layers.rotary import _cos_sin_cache
 
     cache = _cos_sin_cache(128, 4096, 1e6, None, torch.device(dev))
     pos = torch.randint(0, 4096, (37,), device=dev, dtype=torch.int32)
-    q, k = torch.randn(37, 16, 128, device=dev, dtype=dt), torch.randn(37, 8, 128, device=dev, dtype=dt)
+    q, k = (
+        torch.randn(37, 16, 128, device=dev, dtype=dt),
+        torch.randn(37, 8, 128, device=dev, dtype=dt),
+    )
     ref_q, ref_k = torch_ops.apply_rotary(pos, q, k, cache)
     got_q, got_k = fi_ops.apply_rotary(pos, q.clone(), k.clone(), cache)
     torch.testing.assert_close(got_q, ref_q, rtol=3e-2, atol=3e-2)
@@ -268,7 +324,9 @@ def test_flashinfer_sampling_follows_the_distribution():
     if not fi_ops.flashinfer_available():
         pytest.skip("flashinfer is not installed")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625], device="cuda")).repeat(8192, 1)
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625], device="cuda")).repeat(
+        8192, 1
+    )
     temps = torch.ones(8192, device="cuda")
     draws = fi_ops.sample(logits, temps, None, None, gen)
     freq = torch.bincount(draws, minlength=5).float() / 8192
@@ -292,7 +350,10 @@ def test_the_torch_kernels_switch_turns_fast_kernels_off():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (SMOLLM2 / "config.json").is_file(), reason="SmolLM2 not converted (tools/models.py smollm2)")
+@pytest.mark.skipif(
+    not (SMOLLM2 / "config.json").is_file(),
+    reason="SmolLM2 not converted (tools/models.py smollm2)",
+)
 def test_smollm2_on_gpu_agrees_with_hf_on_gpu(capsys):
     """bf16 greedy, 32 tokens: wherever the two diverge, Hugging Face's own top-2 margin
     there must be a near-tie (< 2% of its logit range), i.e. rounding picked the winner."""
@@ -306,19 +367,41 @@ def test_smollm2_on_gpu_agrees_with_hf_on_gpu(capsys):
     with torch.no_grad():
         for p in ids:
             x = torch.tensor([p], device="cuda")
-            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, min_new_tokens=32,
-                              do_sample=False, output_logits=True, return_dict_in_generate=True)
-            refs.append(out.sequences[0, len(p):].tolist())
-            margins.append([float(t.topk(2).values[0, 0] - t.topk(2).values[0, 1]) / float(t.max() - t.min())
-                            for t in out.logits])
+            out = hf.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            refs.append(out.sequences[0, len(p) :].tolist())
+            margins.append(
+                [
+                    float(t.topk(2).values[0, 0] - t.topk(2).values[0, 1])
+                    / float(t.max() - t.min())
+                    for t in out.logits
+                ]
+            )
     del hf
-    llm = LLM(str(SMOLLM2), dtype=torch.bfloat16, device="cuda", max_running_req=8, max_seq_len_override=256,
-              kv_memory_cap=1 << 30)
-    got = [o["token_ids"] for o in llm.generate(ids, SamplingParams(max_tokens=32, ignore_eos=True))]
+    llm = LLM(
+        str(SMOLLM2),
+        dtype=torch.bfloat16,
+        device="cuda",
+        max_running_req=8,
+        max_seq_len_override=256,
+        kv_memory_cap=1 << 30,
+    )
+    got = [
+        o["token_ids"] for o in llm.generate(ids, SamplingParams(max_tokens=32, ignore_eos=True))
+    ]
     llm.shutdown()
     for prompt, g, r, m in zip(PROMPTS, got, refs, margins):
         agree = next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), 32)
         with capsys.disabled():
             print(f"\nSmolLM2 GPU vs HF GPU (bf16) {prompt!r}: first {agree}/32 tokens agree")
         if agree < 32:
-            assert m[agree] < LOGIT_TOL, f"{prompt!r} diverges at token {agree} where HF's margin is {m[agree]:.3f}"
+            assert m[agree] < LOGIT_TOL, (
+                f"{prompt!r} diverges at token {agree} where HF's margin is {m[agree]:.3f}"
+            )

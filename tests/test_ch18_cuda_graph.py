@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.benchmark import manual
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import determine_graph_bs, padded_batch_size
-
-from conftest import MODELS, SMOLLM2, hf_encode
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 =", "Once upon a time,"]
@@ -43,7 +42,9 @@ def test_the_server_takes_cuda_graph_max_bs():
     from minisgl.server.args import parse_args
 
     assert parse_args(["--model", "m", "--cuda-graph-max-bs", "0"], "/tmp").cuda_graph_max_bs == 0
-    assert parse_args(["--model", "m"], "/tmp").cuda_graph_max_bs is None  # the engine's default (256)
+    assert (
+        parse_args(["--model", "m"], "/tmp").cuda_graph_max_bs is None
+    )  # the engine's default (256)
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--cuda-graph-max-bs", "-1"], "/tmp")
 
@@ -56,8 +57,16 @@ def test_a_batch_pads_to_the_next_captured_size():
 
 @pytest.fixture(scope="module")
 def cpu_engine(qwen3_path):
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=8,
-                              num_page_override=256, max_seq_len_override=64))
+    eng = Engine(
+        EngineConfig(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device="cpu",
+            max_running_req=8,
+            num_page_override=256,
+            max_seq_len_override=64,
+        )
+    )
     yield eng
     eng.shutdown()
 
@@ -77,7 +86,11 @@ def test_padding_uses_the_dummy_request_for_decode_only(cpu_engine):
         reqs = [manual.make_req(i, [1, 2, 3], cached_len=2) for i in range(3)]
         decode = Batch(reqs, "decode")
         runner.pad_batch(decode)
-        assert decode.padded_size == 4 and decode.padded_reqs[3] is cpu_engine.dummy_req and decode.size == 3
+        assert (
+            decode.padded_size == 4
+            and decode.padded_reqs[3] is cpu_engine.dummy_req
+            and decode.size == 3
+        )
         prefill = Batch(reqs, "prefill")
         runner.pad_batch(prefill)
         assert prefill.padded_reqs is prefill.reqs
@@ -102,7 +115,10 @@ def test_a_padded_batch_gives_the_real_rows_the_same_logits(cpu_engine, qwen3_pa
         batch = manual.build_batch(cpu_engine, reqs, "decode")
     finally:
         cpu_engine.graph_runner.graph_bs = []
-    assert batch.padded_size == 4 and batch.out_loc[3] == cpu_engine.page_table[cpu_engine.dummy_req.table_idx, 0]
+    assert (
+        batch.padded_size == 4
+        and batch.out_loc[3] == cpu_engine.page_table[cpu_engine.dummy_req.table_idx, 0]
+    )
     padded = manual.forward(cpu_engine, batch)
     torch.testing.assert_close(padded, plain, rtol=1e-4, atol=1e-3)  # float32 GEMM of 4 rows vs 3
 
@@ -120,8 +136,15 @@ def _gpu_model():
 def _llm(path, **kw):
     from minisgl.llm import LLM
 
-    return LLM(str(path), dtype=torch.bfloat16, device="cuda", max_running_req=16, max_seq_len_override=512,
-               kv_memory_cap=1 << 30, **kw)
+    return LLM(
+        str(path),
+        dtype=torch.bfloat16,
+        device="cuda",
+        max_running_req=16,
+        max_seq_len_override=512,
+        kv_memory_cap=1 << 30,
+        **kw,
+    )
 
 
 @pytest.mark.gpu
@@ -134,7 +157,10 @@ def test_greedy_output_is_identical_with_graphs_on_and_off():
     for max_bs in (16, 0):
         llm = _llm(path, cuda_graph_max_bs=max_bs)
         assert bool(llm.engine.graph_runner.graphs) == (max_bs > 0)
-        outputs[max_bs] = [o["token_ids"] for o in llm.generate(ids, SamplingParams(max_tokens=32, ignore_eos=True))]
+        outputs[max_bs] = [
+            o["token_ids"]
+            for o in llm.generate(ids, SamplingParams(max_tokens=32, ignore_eos=True))
+        ]
         llm.shutdown()
         del llm
     assert outputs[16] == outputs[0]
@@ -143,8 +169,17 @@ def test_greedy_output_is_identical_with_graphs_on_and_off():
 @pytest.mark.gpu
 def test_a_padded_batch_replays_the_next_graph():
     path = _gpu_model()
-    engine = Engine(EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", max_running_req=8,
-                                 num_page_override=2048, max_seq_len_override=256, cuda_graph_bs=(1, 4, 8)))
+    engine = Engine(
+        EngineConfig(
+            str(path),
+            dtype=torch.bfloat16,
+            device="cuda",
+            max_running_req=8,
+            num_page_override=2048,
+            max_seq_len_override=256,
+            cuda_graph_bs=(1, 4, 8),
+        )
+    )
     ids = [hf_encode(path, p) for p in PROMPTS[:3]]
     reqs = manual.place(engine, ids, 4)
     tokens, eager = manual.greedy(engine, reqs, 4, use_graph=False)
@@ -164,7 +199,16 @@ def test_a_padded_batch_replays_the_next_graph():
 def test_graphs_stay_off_with_the_torch_backend_or_max_bs_zero():
     path = _gpu_model()
     for kw in (dict(attention_backend="torch"), dict(cuda_graph_max_bs=0)):
-        engine = Engine(EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", max_running_req=4,
-                                     num_page_override=512, max_seq_len_override=128, **kw))
+        engine = Engine(
+            EngineConfig(
+                str(path),
+                dtype=torch.bfloat16,
+                device="cuda",
+                max_running_req=4,
+                num_page_override=512,
+                max_seq_len_override=128,
+                **kw,
+            )
+        )
         assert engine.graph_runner.graphs == {}, kw
         engine.shutdown()

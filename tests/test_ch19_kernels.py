@@ -19,19 +19,22 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ROOT
 
 from minisgl import kernel
 from minisgl.kernel import torch_ops
 
-from conftest import ROOT
-
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-def _store_case(device: str, dtype: torch.dtype, num_tokens: int, heads: int, dim: int, slots: int, idx_dtype):
+def _store_case(
+    device: str, dtype: torch.dtype, num_tokens: int, heads: int, dim: int, slots: int, idx_dtype
+):
     """A fused-qkv output (k, v are strided views of it, as in the model) and a pool."""
     gen = torch.Generator().manual_seed(num_tokens)
-    qkv = torch.randn(num_tokens, (4 + 2 * heads) * dim, generator=gen).to(device=device, dtype=dtype)
+    qkv = torch.randn(num_tokens, (4 + 2 * heads) * dim, generator=gen).to(
+        device=device, dtype=dtype
+    )
     k = qkv[:, 4 * dim : (4 + heads) * dim].reshape(num_tokens, heads, dim)
     v = qkv[:, (4 + heads) * dim :].reshape(num_tokens, heads, dim)
     loc = torch.randperm(slots, generator=gen)[:num_tokens].to(device=device, dtype=idx_dtype)
@@ -48,7 +51,9 @@ def test_the_reference_store_scatters_rows():
     assert not kc[untouched].any()
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test"
+)
 def test_triton_kernels_match_the_reference_in_the_interpreter():
     script = textwrap.dedent(
         """
@@ -69,19 +74,42 @@ def test_triton_kernels_match_the_reference_in_the_interpreter():
         print("interpreter ok")
         """
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 
 # The GEMV's shapes: Qwen3-0.6B's five linear layers (N, K), then their halves at TP=2.
-QWEN3_LINEARS = {"lm_head": (151936, 1024), "qkv_proj": (4096, 1024), "o_proj": (1024, 2048),
-                 "gate_up_proj": (6144, 1024), "down_proj": (1024, 3072)}
-QWEN3_LINEARS_TP2 = {"lm_head": (75968, 1024), "qkv_proj": (2048, 1024), "o_proj": (1024, 1024),
-                     "gate_up_proj": (3072, 1024), "down_proj": (1024, 1536)}
+QWEN3_LINEARS = {
+    "lm_head": (151936, 1024),
+    "qkv_proj": (4096, 1024),
+    "o_proj": (1024, 2048),
+    "gate_up_proj": (6144, 1024),
+    "down_proj": (1024, 3072),
+}
+QWEN3_LINEARS_TP2 = {
+    "lm_head": (75968, 1024),
+    "qkv_proj": (2048, 1024),
+    "o_proj": (1024, 1024),
+    "gate_up_proj": (3072, 1024),
+    "down_proj": (1024, 1536),
+}
 
 
-def _gemv_case(m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def _gemv_case(
+    m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.float32, device: str = "cpu"
+):
     """``x: [m, k]``, ``weight: [n, k]`` scaled by ``1/sqrt(k)`` (outputs of order 1), ``bias``."""
     gen = torch.Generator().manual_seed(1000 * m + n + k)
     x = torch.randn(m, k, generator=gen)
@@ -92,11 +120,15 @@ def _gemv_case(m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.fl
 
 def _rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|, after checking shapes."""
-    assert tuple(got.shape) == tuple(want.shape), f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
     return float((got.double() - want.double()).abs().max() / want.double().abs().max())
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test"
+)
 def test_gemv_matches_f_linear_in_the_interpreter():
     # float32: both sides sum K <= 200 float32 products, in different orders, so they differ
     # by a few units of 2**-24 relative; 1e-5 of the largest output leaves a margin of ~20x
@@ -139,13 +171,26 @@ def test_gemv_matches_f_linear_in_the_interpreter():
         print(f"interpreter ok, {cases} cases")
         """
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton) for the config test")
+@pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install triton) for the config test"
+)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_gemv_config_fills_the_gpu_at_qwen3_shapes(tp):
     from minisgl.kernel.triton_gemv import ACC_PER_THREAD, MAX_SPLIT_K, PROGRAMS_PER_SM, gemv_config
@@ -156,13 +201,21 @@ def test_gemv_config_fills_the_gpu_at_qwen3_shapes(tp):
             c = gemv_config(m, n, k, sms)
             assert c == gemv_config(m, n, k, sms), "the heuristic must be deterministic"
             assert c.block_m >= m and c.block_m & (c.block_m - 1) == 0, (name, m, c)
-            assert c.block_m * c.block_n * c.block_k <= ACC_PER_THREAD * 32 * c.num_warps, (name, m, c)
+            assert c.block_m * c.block_n * c.block_k <= ACC_PER_THREAD * 32 * c.num_warps, (
+                name,
+                m,
+                c,
+            )
             chunks = -(-k // c.block_k)
             per_split = -(-chunks // c.split_k)
-            assert (c.split_k - 1) * per_split < chunks <= c.split_k * per_split, f"{name}: an empty K split {c}"
+            assert (c.split_k - 1) * per_split < chunks <= c.split_k * per_split, (
+                f"{name}: an empty K split {c}"
+            )
             assert c.split_k <= MAX_SPLIT_K, (name, m, c)
             programs = -(-n // c.block_n) * c.split_k
-            assert programs >= PROGRAMS_PER_SM * sms, f"{name} M={m}: {programs} programs for {sms} SMs ({c})"
+            assert programs >= PROGRAMS_PER_SM * sms, (
+                f"{name} M={m}: {programs} programs for {sms} SMs ({c})"
+            )
     with pytest.raises(ValueError):
         gemv_config(0, 1024, 1024)
 
@@ -216,7 +269,9 @@ def test_triton_gather_matches_the_reference(hidden):
     w = torch.randn(151936, hidden, device="cuda", dtype=torch.bfloat16)
     for n in (1, 256, 8192):
         ids = torch.randint(0, 151936, (n,), device="cuda", dtype=torch.int32)
-        assert torch.equal(triton_store.embedding_gather(ids, w), torch_ops.embedding_gather(ids.long(), w))
+        assert torch.equal(
+            triton_store.embedding_gather(ids, w), torch_ops.embedding_gather(ids.long(), w)
+        )
 
 
 @pytest.mark.gpu
@@ -229,10 +284,16 @@ def test_kernels_are_timed_against_the_reference(capsys):
     w = torch.randn(151936, 1024, device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 151936, (8192,), device="cuda", dtype=torch.int32)
     rows = [
-        ("store_kv 8192 x 8 x 128", _time_ms(lambda: torch_ops.store_cache(kc, vc, loc64, k, v)),
-         _time_ms(lambda: triton_store.store_cache(kc, vc, loc, k, v))),
-        ("embedding 8192 x 1024", _time_ms(lambda: torch_ops.embedding_gather(ids.long(), w)),
-         _time_ms(lambda: triton_store.embedding_gather(ids, w))),
+        (
+            "store_kv 8192 x 8 x 128",
+            _time_ms(lambda: torch_ops.store_cache(kc, vc, loc64, k, v)),
+            _time_ms(lambda: triton_store.store_cache(kc, vc, loc, k, v)),
+        ),
+        (
+            "embedding 8192 x 1024",
+            _time_ms(lambda: torch_ops.embedding_gather(ids.long(), w)),
+            _time_ms(lambda: triton_store.embedding_gather(ids, w)),
+        ),
     ]
     with capsys.disabled():
         for name, ref, ours in rows:
@@ -258,7 +319,9 @@ def test_gemv_matches_f_linear_at_qwen3_shapes(tp):
 
     for name, (n, k) in (QWEN3_LINEARS if tp == 1 else QWEN3_LINEARS_TP2).items():
         for m in (1, 2, 3, 4, 8):
-            x, w, b = _gemv_case(m, n, k, name == "qkv_proj", torch.bfloat16, "cuda")  # Qwen2 has a qkv bias
+            x, w, b = _gemv_case(
+                m, n, k, name == "qkv_proj", torch.bfloat16, "cuda"
+            )  # Qwen2 has a qkv bias
             want = F.linear(x.float(), w.float(), None if b is None else b.float())
             got = triton_gemv.gemv(x, w, b)
             assert got.dtype == torch.bfloat16
@@ -283,7 +346,9 @@ def test_linear_sends_small_batches_to_the_gemv(monkeypatch):
     for m in (1, kernel.GEMV_MAX_M, kernel.GEMV_MAX_M + 1):
         kernel.linear(torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16), w)
     kernel.linear(torch.randn(1, 2048, device="cuda"), w.float())  # float32 stays with cuBLAS
-    wide = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)  # qkv: cuBLAS streams it well
+    wide = torch.randn(
+        4096, 1024, device="cuda", dtype=torch.bfloat16
+    )  # qkv: cuBLAS streams it well
     kernel.linear(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16), wide)
     monkeypatch.setattr(ENV.DISABLE_GEMV, "value", True)
     kernel.linear(torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16), w)
@@ -319,11 +384,18 @@ def test_gemv_is_timed_against_cublas(capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gemv import time_gemv
 
-    rows = [(name, time_gemv(1, n, k, torch.bfloat16, replays=10)) for name, (n, k) in QWEN3_LINEARS.items()]
+    rows = [
+        (name, time_gemv(1, n, k, torch.bfloat16, replays=10))
+        for name, (n, k) in QWEN3_LINEARS.items()
+    ]
     with capsys.disabled():
         for name, r in rows:
-            print(f"\n{name} M=1: torch {r['torch_us']:.1f} us ({r['torch_gbps']:.0f} GB/s), "
-                  f"triton {r['triton_us']:.1f} us ({r['triton_gbps']:.0f} GB/s), {r['config']}")
+            print(
+                f"\n{name} M=1: torch {r['torch_us']:.1f} us ({r['torch_gbps']:.0f} GB/s), "
+                f"triton {r['triton_us']:.1f} us ({r['triton_gbps']:.0f} GB/s), {r['config']}"
+            )
     for name, r in rows:
         assert r["rel_diff"] < 2**-7, f"{name}: {r['rel_diff']:.2e}"
-        assert r["triton_us"] < 2 * r["torch_us"] + 5, f"{name}: triton {r['triton_us']:.1f} us vs torch {r['torch_us']:.1f} us"
+        assert r["triton_us"] < 2 * r["torch_us"] + 5, (
+            f"{name}: triton {r['triton_us']:.1f} us vs torch {r['torch_us']:.1f} us"
+        )

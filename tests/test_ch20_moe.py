@@ -19,6 +19,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, MODELS, ROOT, ensure_model, hf_greedy
 
 from minisgl.core import Context, SamplingParams, set_global_ctx
 from minisgl.distributed import set_tp_info
@@ -31,11 +32,14 @@ from minisgl.moe.routing import fused_topk, moe_align_block_size
 from minisgl.moe.torch_backend import TorchMoe
 from minisgl.utils import cached_load_hf_config, torch_dtype
 
-from conftest import DEVICE, MODELS, ROOT, ensure_model, hf_greedy
-
 QWEN3_MOE = MODELS / "tiny-qwen3-moe"
-PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):",
-           "1 + 1 =", "Once upon a time,"]
+PROMPTS = [
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+    "1 + 1 =",
+    "Once upon a time,",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +49,22 @@ def moe_path():
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, atol: float, what: str) -> None:
     """Shapes first, then the largest difference and where it is."""
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
     diff = (got.double() - want.double()).abs()
     worst = float(diff.max()) if diff.numel() else 0.0
     if worst > atol:
         idx = tuple(int(i) for i in (diff == diff.max()).nonzero()[0])
-        raise AssertionError(f"{what}: max |diff| {worst:.3g} > {atol:.1g} at {idx}: "
-                             f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}")
+        raise AssertionError(
+            f"{what}: max |diff| {worst:.3g} > {atol:.1g} at {idx}: "
+            f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}"
+        )
 
 
-def random_moe(seed: int, tokens: int, hidden: int, inter: int, experts: int, device="cpu", dtype=torch.float32):
+def random_moe(
+    seed: int, tokens: int, hidden: int, inter: int, experts: int, device="cpu", dtype=torch.float32
+):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=gen)
     w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
@@ -73,7 +83,9 @@ def test_config_reads_the_moe_fields(moe_path):
     from transformers import Qwen3MoeConfig
 
     # a hub config.json says num_experts; what transformers 5 writes says num_local_experts
-    hub = ModelConfig.from_hf(Qwen3MoeConfig(num_experts=128, num_experts_per_tok=8, mlp_only_layers=[0]))
+    hub = ModelConfig.from_hf(
+        Qwen3MoeConfig(num_experts=128, num_experts_per_tok=8, mlp_only_layers=[0])
+    )
     assert hub.num_experts == 128 and not hub.is_sparse_layer(0) and hub.is_sparse_layer(1)
     dense = ModelConfig.from_hf(cached_load_hf_config(str(MODELS / "tiny-qwen3")))
     assert not dense.is_moe and not dense.is_sparse_layer(0)
@@ -101,7 +113,9 @@ def test_router_matches_transformers(norm):
         _, want_w, want_ids = router(x)
     w, ids = fused_topk(F.linear(x, router.weight.detach()), 4, renormalize=norm)
     assert torch.equal(ids.long(), want_ids), "chosen experts differ from transformers'"
-    assert torch.equal(w, want_w), f"weights differ: max |diff| {float((w - want_w).abs().max()):.3g}"
+    assert torch.equal(w, want_w), (
+        f"weights differ: max |diff| {float((w - want_w).abs().max()):.3g}"
+    )
 
 
 def test_router_rejects_bad_arguments():
@@ -124,7 +138,9 @@ def test_align_block_size_on_a_worked_example():
     assert expert_ids.tolist() == [0, 1, 2, 3, -1, -1] and total.tolist() == [16]
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,block", [(1, 2, 8, 16), (37, 2, 8, 4), (50, 8, 64, 16), (5, 3, 16, 1)])
+@pytest.mark.parametrize(
+    "tokens,top_k,experts,block", [(1, 2, 8, 16), (37, 2, 8, 4), (50, 8, 64, 16), (5, 3, 16, 1)]
+)
 def test_align_block_size_invariants(tokens, top_k, experts, block):
     gen = torch.Generator().manual_seed(tokens)
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).int()
@@ -132,7 +148,9 @@ def test_align_block_size_invariants(tokens, top_k, experts, block):
     n, used = ids.numel(), int(total)
     counts = torch.bincount(ids.flatten().long(), minlength=experts)
     assert used == int(((counts + block - 1) // block * block).sum()), "num_tokens_post_padded"
-    assert sorted_ids.numel() == n + experts * (block - 1) and expert_ids.numel() == -(-sorted_ids.numel() // block)
+    assert sorted_ids.numel() == n + experts * (block - 1) and expert_ids.numel() == -(
+        -sorted_ids.numel() // block
+    )
     real = sorted_ids[sorted_ids < n]
     assert sorted(real.tolist()) == list(range(n)), "every slot must appear exactly once"
     assert (sorted_ids[used:] == n).all(), "past num_tokens_post_padded only padding"
@@ -140,7 +158,9 @@ def test_align_block_size_invariants(tokens, top_k, experts, block):
     for b in range(expert_ids.numel()):
         rows = sorted_ids[b * block : (b + 1) * block]
         if b * block >= used:
-            assert expert_ids[b] == -1, f"block {b} is past the end but names expert {int(expert_ids[b])}"
+            assert expert_ids[b] == -1, (
+                f"block {b} is past the end but names expert {int(expert_ids[b])}"
+            )
             continue
         slots = rows[rows < n].long()
         assert slots.numel() > 0, f"block {b} holds only padding"
@@ -158,8 +178,13 @@ def test_torch_backend_matches_the_transformers_block():
 
     from minisgl.models.qwen3_moe import MoEMLP
 
-    hf_cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2,
-                            norm_topk_prob=True)
+    hf_cfg = Qwen3MoeConfig(
+        hidden_size=32,
+        moe_intermediate_size=24,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+    )
     block = Qwen3MoeSparseMoeBlock(hf_cfg).eval()
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -196,14 +221,20 @@ def test_loader_stacks_experts_by_id(moe_path):
     for e in (0, 5, 7):
         src = f"{layer}.experts.{e}"
         gate_up = torch.cat([ckpt[f"{src}.gate_proj.weight"], ckpt[f"{src}.up_proj.weight"]])
-        assert torch.equal(weights[f"{layer}.experts.gate_up_proj"][e], gate_up), f"expert {e}'s gate|up"
-        assert torch.equal(weights[f"{layer}.experts.down_proj"][e], ckpt[f"{src}.down_proj.weight"])
+        assert torch.equal(weights[f"{layer}.experts.gate_up_proj"][e], gate_up), (
+            f"expert {e}'s gate|up"
+        )
+        assert torch.equal(
+            weights[f"{layer}.experts.down_proj"][e], ckpt[f"{src}.down_proj.weight"]
+        )
     assert torch.equal(weights[f"{layer}.gate.weight"], ckpt[f"{layer}.gate.weight"])
     assert not [n for n in weights if ".experts." in n and n.split(".experts.")[1][0].isdigit()]
 
 
 def test_loader_rejects_missing_or_extra_experts():
-    pairs = [(f"model.layers.0.mlp.experts.{e}.down_proj.weight", torch.zeros(4, 2)) for e in range(3)]
+    pairs = [
+        (f"model.layers.0.mlp.experts.{e}.down_proj.weight", torch.zeros(4, 2)) for e in range(3)
+    ]
     with pytest.raises(ValueError, match="experts missing"):
         list(stack_experts(iter(pairs), 4))
     with pytest.raises(ValueError, match="expert 2 but the config has 2"):
@@ -216,13 +247,22 @@ def test_stacked_and_per_expert_checkpoints_shard_alike(moe_path):
     try:
         for rank in (0, 1):
             set_tp_info(rank, 2)
-            shard = dict(stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32, 2), 8))
+            shard = dict(
+                stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32, 2), 8)
+            )
             for proj, shape in (("gate_up_proj", (8, 32, 64)), ("down_proj", (8, 64, 16))):
                 name = f"model.layers.1.mlp.experts.{proj}"
-                assert shard[name].shape == shape, f"{name} on rank {rank}: {tuple(shard[name].shape)}"
-                assert torch.equal(shard[name], shard_stacked_experts(name, full[name], rank, 2)), (name, rank)
+                assert shard[name].shape == shape, (
+                    f"{name} on rank {rank}: {tuple(shard[name].shape)}"
+                )
+                assert torch.equal(shard[name], shard_stacked_experts(name, full[name], rank, 2)), (
+                    name,
+                    rank,
+                )
             # the stacked layout is cut the same way when it comes straight from a file
-            stacked = {"model.layers.1.mlp.experts.down_proj": full["model.layers.1.mlp.experts.down_proj"]}
+            stacked = {
+                "model.layers.1.mlp.experts.down_proj": full["model.layers.1.mlp.experts.down_proj"]
+            }
             [(_, cut)] = list(stack_experts(iter(stacked.items()), 8))
             assert torch.equal(cut, shard["model.layers.1.mlp.experts.down_proj"])
     finally:
@@ -232,20 +272,35 @@ def test_stacked_and_per_expert_checkpoints_shard_alike(moe_path):
 def test_dense_layers_keep_a_dense_mlp():
     from transformers import Qwen3MoeConfig
 
-    cfg = ModelConfig.from_hf(Qwen3MoeConfig(hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
-                                             num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-                                             head_dim=16, num_experts=4, mlp_only_layers=[1], vocab_size=64))
+    cfg = ModelConfig.from_hf(
+        Qwen3MoeConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_experts=4,
+            mlp_only_layers=[1],
+            vocab_size=64,
+        )
+    )
     cfg = ModelConfig(**{**cfg.__dict__, "architectures": ["Qwen3MoeForCausalLM"]})
     with torch.device("meta"), torch_dtype(torch.float32):
         names = create_model(cfg).state_dict()
     assert names["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 32, 32)
     assert names["model.layers.1.mlp.gate_up_proj.weight"].shape == (96, 32)
-    assert "model.layers.1.mlp.gate.weight" not in names and "model.layers.2.mlp.gate.weight" in names
+    assert (
+        "model.layers.1.mlp.gate.weight" not in names and "model.layers.2.mlp.gate.weight" in names
+    )
 
 
 def test_backend_choice():
     assert resolve_moe_backend("auto", torch.device("cpu")) == "torch"
-    assert resolve_moe_backend("auto", torch.device("cuda")) == "fused"  # names only: triton is a dev dependency
+    assert (
+        resolve_moe_backend("auto", torch.device("cuda")) == "fused"
+    )  # names only: triton is a dev dependency
     old = ENV.TORCH_KERNELS.value
     ENV.TORCH_KERNELS.value = True
     try:
@@ -262,8 +317,15 @@ def test_backend_choice():
 
 def build_llm(path, **kwargs):
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
-    options = dict(dtype=torch.float32, device=DEVICE, attention_backend="torch", max_running_req=8,
-                   num_page_override=1024, max_seq_len_override=512, cache_type="naive")
+    options = dict(
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=8,
+        num_page_override=1024,
+        max_seq_len_override=512,
+        cache_type="naive",
+    )
     options.update(kwargs)
     return LLM(str(path), **options)
 
@@ -303,9 +365,20 @@ def test_triton_kernel_matches_torch_in_the_interpreter():
         print("interpreter ok")
         """
     )
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    res = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 
@@ -320,12 +393,19 @@ def test_fused_matches_torch_on_gpu(tokens, dtype, atol):
     from minisgl.moe.fused import fused_experts
     from minisgl.moe.torch_backend import torch_experts
 
-    x, w1, w2, logits = random_moe(tokens, tokens, A3B["hidden"], A3B["inter"], A3B["experts"], "cuda", dtype)
+    x, w1, w2, logits = random_moe(
+        tokens, tokens, A3B["hidden"], A3B["inter"], A3B["experts"], "cuda", dtype
+    )
     tw, ti = fused_topk(logits, A3B["top_k"], True)
     want = torch_experts(x, w1, w2, tw, ti).float()
     got = fused_experts(x, w1, w2, tw, ti).float()
     scale = float(want.abs().max())
-    assert_close(got / scale, want / scale, atol, f"{tokens} tokens, {dtype} (relative to max |y| {scale:.3g})")
+    assert_close(
+        got / scale,
+        want / scale,
+        atol,
+        f"{tokens} tokens, {dtype} (relative to max |y| {scale:.3g})",
+    )
 
 
 @pytest.mark.gpu
@@ -347,7 +427,9 @@ def test_fused_moe_replays_in_a_cuda_graph():
         logits.copy_(logits2)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, backend.forward(x, w1, w2, logits, 4, True)), f"replay {seed} differs from eager"
+        assert torch.equal(out, backend.forward(x, w1, w2, logits, 4, True)), (
+            f"replay {seed} differs from eager"
+        )
 
 
 @pytest.mark.gpu
@@ -368,5 +450,7 @@ def test_fused_is_timed_against_torch(capsys):
 
     row = time_moe_layer(256, **A3B, dtype=torch.bfloat16, iters=20)
     with capsys.disabled():
-        print(f"\n256 tokens, Qwen3-30B-A3B MoE layer: torch {row['torch_ms']:.3f} ms, fused {row['fused_ms']:.3f} ms")
+        print(
+            f"\n256 tokens, Qwen3-30B-A3B MoE layer: torch {row['torch_ms']:.3f} ms, fused {row['fused_ms']:.3f} ms"
+        )
     assert row["fused_ms"] < row["torch_ms"], row

@@ -11,11 +11,10 @@ import random
 
 import pytest
 import torch
+from conftest import MODELS
 
 from minisgl.benchmark import offline
 from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, format_table, nano_vllm_workload
-
-from conftest import MODELS
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 
@@ -27,7 +26,9 @@ def test_the_workload_is_nano_vllms_exactly():
     assert w.input_tokens == 142_827
     # the same draws, in the same order, as nano-vllm's bench.py with the global random
     random.seed(0)
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+    prompts = [
+        [random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)
+    ]
     assert w.prompts == prompts and w.max_tokens == [random.randint(100, 1024) for _ in range(256)]
     params = w.sampling_params()
     assert all(p.temperature == 0.6 and p.ignore_eos for p in params)
@@ -36,7 +37,11 @@ def test_the_workload_is_nano_vllms_exactly():
 
 def test_small_workloads_keep_the_shape():
     w = nano_vllm_workload(8, input_len=(4, 16), output_len=(2, 5))
-    assert w.num_requests == 8 and all(4 <= len(p) <= 16 for p in w.prompts) and all(2 <= n <= 5 for n in w.max_tokens)
+    assert (
+        w.num_requests == 8
+        and all(4 <= len(p) <= 16 for p in w.prompts)
+        and all(2 <= n <= 5 for n in w.max_tokens)
+    )
     with pytest.raises(ValueError, match="min <= max"):
         nano_vllm_workload(2, input_len=(10, 5))
 
@@ -48,10 +53,28 @@ def test_the_table_lines_up():
 
 
 def test_the_offline_benchmark_runs_on_the_cpu(qwen3_path, capsys):
-    results = offline.main([
-        "--model", str(qwen3_path), "--device", "cpu", "--num-seqs", "3", "--input-len", "4", "12",
-        "--output-len", "2", "4", "--page-size", "4", "--max-seq-len", "64", "--max-running-req", "4",
-    ])
+    results = offline.main(
+        [
+            "--model",
+            str(qwen3_path),
+            "--device",
+            "cpu",
+            "--num-seqs",
+            "3",
+            "--input-len",
+            "4",
+            "12",
+            "--output-len",
+            "2",
+            "4",
+            "--page-size",
+            "4",
+            "--max-seq-len",
+            "64",
+            "--max-running-req",
+            "4",
+        ]
+    )
     expected = nano_vllm_workload(3, input_len=(4, 12), output_len=(2, 4)).output_tokens
     assert [r.output_tokens for r in results] == [expected]
     out = capsys.readouterr().out
@@ -62,8 +85,14 @@ def test_resetting_the_prefix_cache_returns_every_page(qwen3_path):
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    llm = LLM(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=2, num_page_override=64,
-              max_seq_len_override=32)
+    llm = LLM(
+        str(qwen3_path),
+        dtype=torch.float32,
+        device="cpu",
+        max_running_req=2,
+        num_page_override=64,
+        max_seq_len_override=32,
+    )
     llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=2))
     assert llm.cache_manager.prefix_cache.size_info.total_size > 0
     offline.reset_prefix_cache(llm)
@@ -77,8 +106,17 @@ def test_the_decode_step_batch_is_a_pure_decode_of_the_context(qwen3_path):
     from minisgl.benchmark.decode_step import kv_bytes_per_token, make_decode_batch, weight_bytes
     from minisgl.engine import Engine, EngineConfig
 
-    eng = Engine(EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", page_size=4, max_running_req=4,
-                              num_page_override=64, max_seq_len_override=32))
+    eng = Engine(
+        EngineConfig(
+            str(qwen3_path),
+            dtype=torch.float32,
+            device="cpu",
+            page_size=4,
+            max_running_req=4,
+            num_page_override=64,
+            max_seq_len_override=32,
+        )
+    )
     batch = make_decode_batch(eng, 3, context=10)
     assert batch.is_decode and batch.size == 3 and batch.positions.tolist() == [10, 10, 10]
     assert batch.out_loc.tolist() == [10, 22, 34]  # rows own pages 0-2, 3-5, 6-8: slot 10 of each
@@ -94,22 +132,48 @@ def test_the_decode_step_batch_is_a_pure_decode_of_the_context(qwen3_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped")
+@pytest.mark.skipif(
+    not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped"
+)
 def test_a_short_offline_run_on_the_gpu():
-    results = offline.main(["--model", str(SHAPED), "--num-seqs", "32", "--input-len", "50", "200",
-                            "--output-len", "20", "60", "--cuda-graph-max-bs", "32", "--max-running-req", "32",
-                            "--memory-ratio", "0.5"])
+    results = offline.main(
+        [
+            "--model",
+            str(SHAPED),
+            "--num-seqs",
+            "32",
+            "--input-len",
+            "50",
+            "200",
+            "--output-len",
+            "20",
+            "60",
+            "--cuda-graph-max-bs",
+            "32",
+            "--max-running-req",
+            "32",
+            "--memory-ratio",
+            "0.5",
+        ]
+    )
     [r] = results
-    assert r.output_tokens == nano_vllm_workload(32, input_len=(50, 200), output_len=(20, 60)).output_tokens
+    assert (
+        r.output_tokens
+        == nano_vllm_workload(32, input_len=(50, 200), output_len=(20, 60)).output_tokens
+    )
     assert r.peak_memory is not None and r.peak_memory > 0
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped")
+@pytest.mark.skipif(
+    not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped"
+)
 def test_the_decode_step_script_runs(capsys):
     from minisgl.benchmark import decode_step
 
-    decode_step.main(["--model", str(SHAPED), "--batch-sizes", "1", "8", "--context", "256", "--steps", "5"])
+    decode_step.main(
+        ["--model", str(SHAPED), "--batch-sizes", "1", "8", "--context", "256", "--steps", "5"]
+    )
     out = capsys.readouterr().out
     assert "floor ms" in out and "TB/s" in out
 
@@ -123,7 +187,9 @@ def test_the_online_trace_is_seeded_and_only_its_gaps_depend_on_the_rate(qwen3_p
     slow = poisson_trace(tok, 200, 2.0, (4, 8), (3, 9), seed=1)
     fast = poisson_trace(tok, 200, 50.0, (4, 8), (3, 9), seed=1)
     assert [r.prompt for r in slow] == [r.prompt for r in fast]
-    assert [r.max_tokens for r in slow] == [r.max_tokens for r in fast] and all(3 <= r.max_tokens <= 9 for r in slow)
+    assert [r.max_tokens for r in slow] == [r.max_tokens for r in fast] and all(
+        3 <= r.max_tokens <= 9 for r in slow
+    )
     assert slow == poisson_trace(tok, 200, 2.0, (4, 8), (3, 9), seed=1)
     gaps = [b.arrival - a.arrival for a, b in zip(slow, slow[1:])]
     assert slow[0].arrival == 0 and min(gaps) >= 0
@@ -134,15 +200,24 @@ def test_the_online_trace_is_seeded_and_only_its_gaps_depend_on_the_rate(qwen3_p
 def test_online_summary_percentiles_and_throughput():
     from minisgl.benchmark.online import RequestResult, percentile, summarize
 
-    assert percentile([5.0, 1.0, 3.0], 50) == 3.0 and percentile([], 50) != percentile([], 50)  # NaN
-    ok = RequestResult(sent=0.0, first=0.1, last=1.1, prompt_tokens=8, output_tokens=11)  # 10 gaps of 0.1 s
+    assert percentile([5.0, 1.0, 3.0], 50) == 3.0 and percentile([], 50) != percentile(
+        [], 50
+    )  # NaN
+    ok = RequestResult(
+        sent=0.0, first=0.1, last=1.1, prompt_tokens=8, output_tokens=11
+    )  # 10 gaps of 0.1 s
     failed = RequestResult(sent=0.0, error="HTTP 400: too long")
     row = summarize(4.0, [ok, failed], seconds=2.0)
     assert row[:5] == ["4", "1/2", "2.0", "6", "0.50"]  # 11 tokens / 2 s -> "6"
-    assert row[5] == "100 / 100 / 100" and row[6] == "100.0 / 100.0 / 100.0" and row[7] == "1.1 / 1.1 / 1.1"
+    assert (
+        row[5] == "100 / 100 / 100"
+        and row[6] == "100.0 / 100.0 / 100.0"
+        and row[7] == "1.1 / 1.1 / 1.1"
+    )
 
 
 # ---- chapter 16's measurements: teacher-forced TP logits, the collectives' share ---------------
+
 
 def _tp_logits():
     import sys
@@ -173,14 +248,23 @@ def test_tp_logits_passes_only_near_ties_within_the_tolerance(capsys):
     assert "step 1: tp=1 picks 0, tp=2 picks 1: a near-tie, tp=1's margin 0.0010" in out
     far = ref_logits.clone()
     far[0, 2, 4] += 0.3  # 3% of the range: over the tolerance, even without a flip
-    assert not tp_logits.compare(ref, {"forced_logits": far, "tokens": ref["tokens"]}, 2, tolerance=0.02)
+    assert not tp_logits.compare(
+        ref, {"forced_logits": far, "tokens": ref["tokens"]}, 2, tolerance=0.02
+    )
     assert "largest |dlogit| 3.0e-02 of the logit range" in capsys.readouterr().out
 
 
 def test_tp_logits_at_tp2_on_gloo_equal_tp1(qwen3_path, capsys):
-    assert _tp_logits().main(["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"]) == 0
+    assert (
+        _tp_logits().main(
+            ["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "PASS" in out and out.count("4/4") == 8  # every forced step of every prompt has tp=1's argmax
+    assert (
+        "PASS" in out and out.count("4/4") == 8
+    )  # every forced step of every prompt has tp=1's argmax
 
 
 def test_collectives_off_keeps_shapes_and_restores_the_communicator():
@@ -191,15 +275,24 @@ def test_collectives_off_keeps_shapes_and_restores_the_communicator():
     x = torch.ones(3, 4)
     with collectives_off():
         comm = DistributedCommunicator()
-        assert comm.all_reduce(x) is x and comm.all_gather(x).shape == (3, 4)  # one rank, no process group
+        assert comm.all_reduce(x) is x and comm.all_gather(x).shape == (
+            3,
+            4,
+        )  # one rank, no process group
     assert DistributedCommunicator.all_reduce is before
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "models/nope"], "no model at 'models/nope'"),  # a local folder: never a hub name
-    (["--tp", "3"], "cannot split the model over 3"),
-    (["--steps", "0"], "--steps must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--model", "models/nope"],
+            "no model at 'models/nope'",
+        ),  # a local folder: never a hub name
+        (["--tp", "3"], "cannot split the model over 3"),
+        (["--steps", "0"], "--steps must be >= 1"),
+    ],
+)
 def test_tp_logits_refuses_bad_arguments_in_one_line(qwen3_path, argv, message, capsys):
     if argv[0] != "--model":
         argv = ["--model", str(qwen3_path), *argv]

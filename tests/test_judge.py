@@ -116,8 +116,13 @@ def toy(tmp_path: Path) -> Path:
 
 
 def judge(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(JUDGE), "--root", str(root), *args], capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, str(JUDGE), "--root", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def judge_source(root: Path, source: str, *args: str) -> subprocess.CompletedProcess:
@@ -125,7 +130,9 @@ def judge_source(root: Path, source: str, *args: str) -> subprocess.CompletedPro
     learner.write_text(source)
     before = hashlib.sha256((root / "minisgl" / "toy.py").read_bytes()).hexdigest()
     out = judge(root, "901", "--file", str(learner), "--device", "cpu", *args)
-    assert hashlib.sha256((root / "minisgl" / "toy.py").read_bytes()).hexdigest() == before, "engine modified"
+    assert hashlib.sha256((root / "minisgl" / "toy.py").read_bytes()).hexdigest() == before, (
+        "engine modified"
+    )
     assert "Traceback" not in out.stdout.split("First failure")[0], out.stdout
     assert "judge error" not in out.stdout, out.stdout
     return out
@@ -210,14 +217,19 @@ def test_two_judges_side_by_side_do_not_interfere(toy):
     (toy / "good.py").write_text(TOY)
     (toy / "bad.py").write_text(body("return a - b"))
     cmd = [sys.executable, str(JUDGE), "--root", str(toy), "901", "--device", "cpu", "--file"]
-    procs = [subprocess.Popen(cmd + [str(toy / f)], stdout=subprocess.PIPE, text=True) for f in ("good.py", "bad.py")]
+    procs = [
+        subprocess.Popen(cmd + [str(toy / f)], stdout=subprocess.PIPE, text=True)
+        for f in ("good.py", "bad.py")
+    ]
     good, bad = (p.communicate(timeout=60)[0] for p in procs)
     assert "Verdict: Accepted" in good and "Verdict: Wrong answer" in bad
 
 
 def test_start_list_and_status(toy):
     out = judge(toy, "start", "901")
-    assert "wrote practice/workspace/901_toy_add.py" in out.stdout and "Implement `add`." in out.stdout
+    assert (
+        "wrote practice/workspace/901_toy_add.py" in out.stdout and "Implement `add`." in out.stdout
+    )
     assert "one plus two" not in out.stdout  # hints stay hidden
     assert "started" in judge(toy, "list").stdout
     (toy / "practice" / "workspace" / "901_toy_add.py").write_text(TOY)
@@ -229,7 +241,9 @@ def test_start_list_and_status(toy):
 
 def test_a_missing_file_is_named_with_the_right_advice(toy):
     out = judge(toy, "901", "--file", str(toy / "nope.py"))
-    assert out.returncode == 2 and "nope.py does not exist (the file given with --file)" in out.stdout
+    assert (
+        out.returncode == 2 and "nope.py does not exist (the file given with --file)" in out.stdout
+    )
     out = judge(toy, "901")
     assert out.returncode == 2 and "run: python practice/judge.py start 901" in out.stdout
 
@@ -281,8 +295,11 @@ def toy_gpu(toy: Path) -> Path:
     """Exercise 902: ``gpu: true``, one CPU case and one CUDA-only case."""
     ex = toy / "practice" / "exercises" / "902_toy_gpu"
     ex.mkdir()
-    (ex / "problem.md").write_text(PROBLEM.replace("id: 901", "id: 902").replace("gpu: false", "gpu: true")
-                                   .replace("Toy: add", "Toy: add on a GPU"))
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id: 901", "id: 902")
+        .replace("gpu: false", "gpu: true")
+        .replace("Toy: add", "Toy: add on a GPU")
+    )
     (ex / "starter.py").write_text(STARTER.replace("Exercise 901", "Exercise 902"))
     (ex / "test_toy_gpu.py").write_text(GPU_OWN_TESTS)
     return toy
@@ -296,18 +313,28 @@ def test_check_without_cuda_only_partly_checks_a_gpu_exercise(toy_gpu):
     assert "(1 GPU cases skipped)" in out.stdout  # its CPU case ran, engine and starter
     assert "checked 0, failed 0 , partly checked without a GPU (not judged) [902]" in out.stdout
     ex = toy_gpu / "practice" / "exercises" / "902_toy_gpu"
-    (ex / "starter.py").write_text(STARTER.replace("Exercise 901", "Exercise 902").replace("by: int = 1", "by: int = 2"))
+    (ex / "starter.py").write_text(
+        STARTER.replace("Exercise 901", "Exercise 902").replace("by: int = 1", "by: int = 2")
+    )
     out = judge(toy_gpu, "check", "902", "--device", "cpu")
-    assert out.returncode == 1 and "Counter.bump: signature differs" in out.stdout  # static checks still bite
+    assert (
+        out.returncode == 1 and "Counter.bump: signature differs" in out.stdout
+    )  # static checks still bite
     (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 902: add")\n')
     out = judge(toy_gpu, "check", "902", "--device", "cpu")
-    assert out.returncode == 1 and "starter is accepted but must fail" in out.stdout  # so do the CPU cases
+    assert (
+        out.returncode == 1 and "starter is accepted but must fail" in out.stdout
+    )  # so do the CPU cases
 
 
 def test_a_gpu_exercise_on_the_cpu_is_refused_or_previewed(toy_gpu):
     (toy_gpu / "mine.py").write_text(TOY)
     out = judge(toy_gpu, "902", "--file", str(toy_gpu / "mine.py"), "--device", "cpu")
-    assert out.returncode == 2 and "needs a CUDA GPU" in out.stdout and "--quick --device cpu" in out.stdout
+    assert (
+        out.returncode == 2
+        and "needs a CUDA GPU" in out.stdout
+        and "--quick --device cpu" in out.stdout
+    )
     out = judge(toy_gpu, "902", "--file", str(toy_gpu / "mine.py"), "--device", "cpu", "--quick")
     assert "Verdict: Accepted · 1 / 1 cases (1 skipped)" in out.stdout, out.stdout
     assert "CPU preview only: 1 GPU cases were skipped" in out.stdout
@@ -318,13 +345,17 @@ def test_check_with_jobs_prints_the_same_report_and_verdicts_as_one_at_a_time(to
     whole, in the exercises' order, the same summary and the same exit status."""
     ex = toy_gpu / "practice" / "exercises" / "903_toy_unsound"
     ex.mkdir()
-    (ex / "problem.md").write_text(PROBLEM.replace("id: 901", "id: 903").replace("Toy: add", "Toy: unsound"))
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id: 901", "id: 903").replace("Toy: add", "Toy: unsound")
+    )
     (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 903: add")\n')
     (ex / "test_toy_add.py").write_text(OWN_TESTS)
     one = judge(toy_gpu, "check", "--device", "cpu", timeout=300)
     two = judge(toy_gpu, "check", "--device", "cpu", "--jobs", "2", timeout=300)
     assert one.returncode == two.returncode == 1, one.stdout + two.stdout
-    assert "failed 1 [903], partly checked without a GPU (not judged) [902]" in two.stdout, two.stdout
+    assert "failed 1 [903], partly checked without a GPU (not judged) [902]" in two.stdout, (
+        two.stdout
+    )
     assert "903 Toy: unsound" in two.stdout and "starter is accepted but must fail" in two.stdout
 
     def untimed(out: str) -> str:
@@ -361,13 +392,26 @@ def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
     """judge.py check 191 --quick: the engine is Accepted; the starter, and the versions that
     admit past the KV limit, skip a request that does not fit, or forget the decode
     reservation, each fail first on the test that names their mistake."""
-    out = subprocess.run([sys.executable, str(JUDGE), "check", "191", "--quick", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=600, check=False)
+    out = subprocess.run(
+        [sys.executable, str(JUDGE), "check", "191", "--quick", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
-    for line in ("engine ", "Accepted", "starter ", "Runtime error",
-                 "past_kv_limit.json", "at test_refuses_a_request_past_the_kv_limit",
-                 "skips_misfit.json", "at test_queue_stops_at_the_first_request_that_does_not_fit",
-                 "forgets_decode_reservation.json", "at test_queue_keeps_the_decode_reservation"):
+    for line in (
+        "engine ",
+        "Accepted",
+        "starter ",
+        "Runtime error",
+        "past_kv_limit.json",
+        "at test_refuses_a_request_past_the_kv_limit",
+        "skips_misfit.json",
+        "at test_queue_stops_at_the_first_request_that_does_not_fit",
+        "forgets_decode_reservation.json",
+        "at test_queue_keeps_the_decode_reservation",
+    ):
         assert line in out.stdout, out.stdout
 
 

@@ -86,22 +86,30 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / "minisgl" / "demo.py").write_text(DEMO, encoding="utf-8")
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "ch07_demo.py").write_text(MAIN, encoding="utf-8")
-    write(tmp_path / "chapters" / "ch07_demo" / "chapter.toml", """\
+    write(
+        tmp_path / "chapters" / "ch07_demo" / "chapter.toml",
+        """\
         title = "A demo chapter"
         stage = 2
         stage_title = "Scheduling it well"
         main = "examples/ch07_demo.py"
         exercises = [191]
-        """)
-    write(tmp_path / "chapters" / "ch07_demo" / "chapter.md", """\
+        """,
+    )
+    write(
+        tmp_path / "chapters" / "ch07_demo" / "chapter.md",
+        """\
         # A demo chapter
 
         The lead.
 
         @@code minisgl/demo.py:Adder.left@@
-        """)
+        """,
+    )
     write(tmp_path / "outputs" / "ch07_demo.txt", "answer 42\n0\n1\n")
-    write(tmp_path / "practice" / "exercises" / "191_prefill_adder" / "problem.md", """\
+    write(
+        tmp_path / "practice" / "exercises" / "191_prefill_adder" / "problem.md",
+        """\
         ---
         title: "PrefillAdder: admission control"
         chapter: 7
@@ -110,25 +118,34 @@ def project(tmp_path: Path) -> Path:
         # 191. PrefillAdder
 
         Write it.
-        """)
-    write(tmp_path / "tools" / "steps.py", """\
+        """,
+    )
+    write(
+        tmp_path / "tools" / "steps.py",
+        """\
         def load_manifests():
             return []
 
         def render_tree(n, fmt="text"):
             text = f"Files so far: 3 (chapter {n})"
             return f"```text\\n{text}\\n```" if fmt == "markdown" else text
-        """)
-    index = {"repository": "https://github.com/sgl-project/mini-sglang", "commit": "a" * 40,
-             "root": "python/minisgl",
-             "files": {"scheduler/scheduler.py": {"Scheduler.normal_loop": [108, 118]}}}
+        """,
+    )
+    index = {
+        "repository": "https://github.com/sgl-project/mini-sglang",
+        "commit": "a" * 40,
+        "root": "python/minisgl",
+        "files": {"scheduler/scheduler.py": {"Scheduler.normal_loop": [108, 118]}},
+    }
     write(tmp_path / "docs" / "upstream_index.json", json.dumps(index))
     return tmp_path
 
 
 def ctx_for(root: Path, mode: str = "site") -> Context:
     chapter = load_chapters(root)[0]
-    return Context(root=root, repo_url=REPO, page="chapters/ch07_demo.md", chapter=chapter, mode=mode)
+    return Context(
+        root=root, repo_url=REPO, page="chapters/ch07_demo.md", chapter=chapter, mode=mode
+    )
 
 
 def render(root: Path, text: str, mode: str = "site"):
@@ -202,11 +219,14 @@ def test_an_edited_body_changes_the_rendering(project):
 
 
 def test_block_macro_in_a_list_item_keeps_the_indentation(project):
-    out = render(project, """\
+    out = render(
+        project,
+        """\
         1. Pick a batch:
 
            @@code minisgl/demo.py:helper@@
-        """)
+        """,
+    )
     lines = out.text.split("\n")
     assert lines[2] == '   ```python title="minisgl/demo.py · helper"'
     assert lines[3] == "   def helper(x: int) -> int:"
@@ -219,7 +239,9 @@ def test_block_macro_inside_a_sentence_is_an_error(project):
 
 
 def test_macros_in_code_blocks_and_code_spans_are_left_alone(project):
-    text = "Write `@@code path:Sym@@` to show code.\n\n```markdown\n@@code minisgl/nope.py:X@@\n```\n"
+    text = (
+        "Write `@@code path:Sym@@` to show code.\n\n```markdown\n@@code minisgl/nope.py:X@@\n```\n"
+    )
     out = render(project, text)
     assert out.errors == [] and out.text == text
 
@@ -229,9 +251,11 @@ def test_unknown_macro_is_an_error(project):
 
 
 def test_code_fence_grows_when_the_code_contains_backticks(project):
-    (project / "minisgl" / "md.py").write_text('def f():\n    """```python\n    x\n    ```"""\n', encoding="utf-8")
+    (project / "minisgl" / "md.py").write_text(
+        'def f():\n    """```python\n    x\n    ```"""\n', encoding="utf-8"
+    )
     out = render(project, "@@code minisgl/md.py:f@@")
-    assert out.text.startswith('````python title=')
+    assert out.text.startswith("````python title=")
 
 
 # ------------------------------------------------------------------ other macros
@@ -271,10 +295,16 @@ def test_exercises_macro_reads_title_difficulty_and_judge_command(project):
 
 
 def test_exercise_title_from_heading_and_difficulty_line(tmp_path):
-    write(tmp_path / "practice" / "exercises" / "12_radix" / "problem.md",
-          "# Exercise 12: The radix tree\n\n**Difficulty:** Hard\n")
+    write(
+        tmp_path / "practice" / "exercises" / "12_radix" / "problem.md",
+        "# Exercise 12: The radix tree\n\n**Difficulty:** Hard\n",
+    )
     ex = find_exercise(tmp_path, 12)
-    assert (ex.title, ex.difficulty, ex.judge_command) == ("The radix tree", "hard", "python practice/judge.py 12")
+    assert (ex.title, ex.difficulty, ex.judge_command) == (
+        "The radix tree",
+        "hard",
+        "python practice/judge.py 12",
+    )
 
 
 def test_notebook_macro_links_relative_to_the_page(project):
@@ -286,7 +316,10 @@ def test_chapters_and_practice_tables(project):
     ctx = Context(root=project, repo_url=REPO, page="chapters.md")
     out = expand("@@chapters@@\n\n@@practice@@", ctx)
     assert out.errors == []
-    assert "| 7 | [A demo chapter](chapters/ch07_demo.md) | 2 | `examples/ch07_demo.py` | 191 |" in out.text
+    assert (
+        "| 7 | [A demo chapter](chapters/ch07_demo.md) | 2 | `examples/ch07_demo.py` | 191 |"
+        in out.text
+    )
     assert "| 191 | [PrefillAdder: admission control]" in out.text
 
 
@@ -297,13 +330,14 @@ def _mkdocs_project(project: Path) -> Path:
     (project / "docs" / "index.md").write_text("# Home\n\n@@chapters@@\n", encoding="utf-8")
     (project / "docs" / "chapters.md").write_text("# Chapters\n", encoding="utf-8")
     config = project / "mkdocs.yml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         site_name: test book
         repo_url: {REPO}
         docs_dir: docs
         site_dir: site
         hooks:
-          - {ROOT / 'tools' / 'docs_hooks.py'}
+          - {ROOT / "tools" / "docs_hooks.py"}
         exclude_docs: |
           upstream_index.json
         nav:
@@ -316,7 +350,9 @@ def _mkdocs_project(project: Path) -> Path:
           - admonition
           - pymdownx.superfences
           - pymdownx.emoji
-        """), encoding="utf-8")
+        """),
+        encoding="utf-8",
+    )
     return config
 
 
@@ -359,7 +395,9 @@ def test_notebook_puts_the_main_where_the_prose_shows_it(project):
 
     from tools.notebooks import build_notebook
 
-    write(project / "chapters" / "ch07_demo" / "chapter.md", """\
+    write(
+        project / "chapters" / "ch07_demo" / "chapter.md",
+        """\
         # A demo chapter
 
         ??? answer "Answer"
@@ -372,7 +410,8 @@ def test_notebook_puts_the_main_where_the_prose_shows_it(project):
         ## What it prints
 
         @@output ch07_demo@@
-        """)
+        """,
+    )
     errors: list = []
     nb = build_notebook(project, load_chapters(project)[0], REPO, errors)
     nbformat.validate(nb)
@@ -381,7 +420,7 @@ def test_notebook_puts_the_main_where_the_prose_shows_it(project):
     assert kinds[0] == "code" and "os.chdir(ROOT)" in nb.cells[0].source
     assert any("<details><summary>Answer</summary>" in c.source for c in nb.cells)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
-    assert 'x = helper(41)' in "\n".join(code)
+    assert "x = helper(41)" in "\n".join(code)
     assert not any(MAIN_CELLS in c.source for c in nb.cells)
     last = nb.cells[-1].source
     assert last.startswith("## What it prints") and "answer 42" in last
@@ -392,9 +431,15 @@ def test_notebook_executes_with_nbclient(project, tmp_path):
     pytest.importorskip("ipykernel")
     from tools.notebooks import main
 
-    write(project / "chapters" / "ch07_demo" / "chapter.md", "# Demo\n\n@@code examples/ch07_demo.py@@\n")
+    write(
+        project / "chapters" / "ch07_demo" / "chapter.md",
+        "# Demo\n\n@@code examples/ch07_demo.py@@\n",
+    )
     out = tmp_path / "nb"
-    assert main(["--root", str(project), "--out", str(out), "--execute", "ch07", "--timeout", "60"]) == 0
+    assert (
+        main(["--root", str(project), "--out", str(out), "--execute", "ch07", "--timeout", "60"])
+        == 0
+    )
     nb = json.loads((out / "ch07_demo.ipynb").read_text(encoding="utf-8"))
     printed = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
     assert "answer 42" in printed
@@ -419,13 +464,19 @@ def test_notebook_execute_fails_when_a_cell_raises(project, tmp_path, monkeypatc
 def test_outputs_capture_check_and_nondeterministic_marker(project, capsys):
     from tools.outputs import discover, main
 
-    write(project / "examples" / "timing.py", """\
+    write(
+        project / "examples" / "timing.py",
+        """\
         # capture-output
         # output: mask \\d+\\.\\d+ s
         import time
         print("took", f"{time.perf_counter() % 1:.4f} s")
-        """)
-    write(project / "examples" / "noisy.py", "# capture-output\n# output: nondeterministic\nimport random\nprint(random.random())\n")
+        """,
+    )
+    write(
+        project / "examples" / "noisy.py",
+        "# capture-output\n# output: nondeterministic\nimport random\nprint(random.random())\n",
+    )
     write(project / "examples" / "ignored.py", "print('not captured')\n")
     found = {e.name: e for e in discover(project)}
     assert set(found) == {"ch07_demo", "timing", "noisy"}
@@ -447,8 +498,12 @@ def test_outputs_capture_check_and_nondeterministic_marker(project, capsys):
 def test_upstream_index_records_only_line_numbers(tmp_path):
     from tools.upstream_index import build_index, dumps
 
-    git = shutil.which("git") or "git"  # the book is cloned with git: its absence is an error, not a skip
-    write(tmp_path / "python" / "minisgl" / "core.py", "class Req:\n    def go(self):\n        pass\n")
+    git = (
+        shutil.which("git") or "git"
+    )  # the book is cloned with git: its absence is an error, not a skip
+    write(
+        tmp_path / "python" / "minisgl" / "core.py", "class Req:\n    def go(self):\n        pass\n"
+    )
     run = lambda *a: subprocess.run([git, "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
     run("init", "-q")
     run("add", ".")

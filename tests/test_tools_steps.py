@@ -17,27 +17,46 @@ import steps  # noqa: E402
 
 FAKE = {
     0: ("intro", dict(main="examples/ch00_intro.py", new=[])),
-    1: ("core", dict(main="examples/ch01_core.py",
-                     new=["minisgl/__init__.py", "minisgl/core.py"])),
-    2: ("layers", dict(main="examples/ch02_layers.py",
-                       new=["minisgl/layers/__init__.py", "minisgl/layers/linear.py",
-                            "minisgl/utils/__init__.py"],
-                       early={"minisgl/dist/info.py": 4})),
-    3: ("engine", dict(main="examples/ch03_engine.py",
-                       new=["minisgl/engine/__init__.py", "minisgl/engine/engine.py",
-                            "minisgl/env.py"],
-                       modified=["minisgl/core.py"],
-                       early={"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6})),
+    1: ("core", dict(main="examples/ch01_core.py", new=["minisgl/__init__.py", "minisgl/core.py"])),
+    2: (
+        "layers",
+        dict(
+            main="examples/ch02_layers.py",
+            new=[
+                "minisgl/layers/__init__.py",
+                "minisgl/layers/linear.py",
+                "minisgl/utils/__init__.py",
+            ],
+            early={"minisgl/dist/info.py": 4},
+        ),
+    ),
+    3: (
+        "engine",
+        dict(
+            main="examples/ch03_engine.py",
+            new=["minisgl/engine/__init__.py", "minisgl/engine/engine.py", "minisgl/env.py"],
+            modified=["minisgl/core.py"],
+            early={"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6},
+        ),
+    ),
 }
 
 
-def write_manifest(root: Path, n: int, slug: str, main: str, new: list[str],
-                   modified: list[str] = (), early: dict[str, int] | None = None,
-                   extra: str = "") -> None:
+def write_manifest(
+    root: Path,
+    n: int,
+    slug: str,
+    main: str,
+    new: list[str],
+    modified: list[str] = (),
+    early: dict[str, int] | None = None,
+    extra: str = "",
+) -> None:
     d = root / "chapters" / f"ch{n:02d}_{slug}"
     d.mkdir(parents=True, exist_ok=True)
     early_lines = "".join(f'"{p}" = {c}\n' for p, c in (early or {}).items())
-    (d / "chapter.toml").write_text(textwrap.dedent(f"""\
+    (d / "chapter.toml").write_text(
+        textwrap.dedent(f"""\
         title = "Chapter {n}"
         stage = 1
         main = "{main}"
@@ -47,15 +66,21 @@ def write_manifest(root: Path, n: int, slug: str, main: str, new: list[str],
         exercises = []
         {extra}
         [early]
-        """).replace("'", '"') + early_lines)
+        """).replace("'", '"')
+        + early_lines
+    )
 
 
 def make_repo(root: Path, chapters: dict = FAKE, create_files: bool = True) -> Path:
     for n, (slug, spec) in chapters.items():
         write_manifest(root, n, slug, **spec)
         if create_files:
-            for p in [*spec.get("new", []), *spec.get("early", {}), spec["main"],
-                      f"tests/test_ch{n:02d}_{slug}.py"]:
+            for p in [
+                *spec.get("new", []),
+                *spec.get("early", {}),
+                spec["main"],
+                f"tests/test_ch{n:02d}_{slug}.py",
+            ]:
                 (root / p).parent.mkdir(parents=True, exist_ok=True)
                 (root / p).touch()
     return root
@@ -63,8 +88,12 @@ def make_repo(root: Path, chapters: dict = FAKE, create_files: bool = True) -> P
 
 def test_manifests_load_with_number_slug_and_path(tmp_path):
     ms = steps.load_manifests(make_repo(tmp_path))
-    assert [(m.number, m.slug) for m in ms] == [(0, "intro"), (1, "core"), (2, "layers"),
-                                                  (3, "engine")]
+    assert [(m.number, m.slug) for m in ms] == [
+        (0, "intro"),
+        (1, "core"),
+        (2, "layers"),
+        (3, "engine"),
+    ]
     m = ms[3]
     assert m.early == {"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6}
     assert m.modified == ["minisgl/core.py"]
@@ -108,7 +137,8 @@ def test_tree_header_counts_and_drawing_match_the_seed_format(tmp_path):
 def test_tree_of_a_chapter_without_engine_files_and_markdown_fence(tmp_path):
     ms = steps.load_manifests(make_repo(tmp_path))
     assert steps.render_tree(0, manifests=ms).startswith(
-        "Files so far: 0 (0 new, 0 modified, 0 brought in early)\n\nminisgl/  (no files yet)")
+        "Files so far: 0 (0 new, 0 modified, 0 brought in early)\n\nminisgl/  (no files yet)"
+    )
     md = steps.render_tree(1, "markdown", manifests=ms)
     assert md.startswith("```text\nFiles so far: 2 (2 new, 0 modified, 0 brought in early)")
     assert md.endswith("├── core.py  ← new in this chapter\n```")
@@ -117,9 +147,13 @@ def test_tree_of_a_chapter_without_engine_files_and_markdown_fence(tmp_path):
 
 
 def test_nested_folders_collapse_only_when_nothing_inside_changed(tmp_path):
-    chapters = {1: ("a", dict(main="examples/ch01_a.py",
-                              new=["minisgl/k/__init__.py", "minisgl/k/t/x.py"])),
-                2: ("b", dict(main="examples/ch02_b.py", new=["minisgl/k/t/y.py"]))}
+    chapters = {
+        1: (
+            "a",
+            dict(main="examples/ch01_a.py", new=["minisgl/k/__init__.py", "minisgl/k/t/x.py"]),
+        ),
+        2: ("b", dict(main="examples/ch02_b.py", new=["minisgl/k/t/y.py"])),
+    }
     ms = steps.load_manifests(make_repo(tmp_path, chapters))
     assert steps.render_tree(2, manifests=ms).splitlines()[2:] == [
         "minisgl/",
@@ -138,8 +172,13 @@ def test_the_fake_book_passes_the_static_checks(tmp_path):
 
 def test_a_file_introduced_twice_is_reported(tmp_path):
     chapters = dict(FAKE)
-    chapters[4] = ("sched", dict(main="examples/ch04_sched.py",
-                                 new=["minisgl/sched/cache.py", "minisgl/layers/linear.py"]))
+    chapters[4] = (
+        "sched",
+        dict(
+            main="examples/ch04_sched.py",
+            new=["minisgl/sched/cache.py", "minisgl/layers/linear.py"],
+        ),
+    )
     root = make_repo(tmp_path, chapters)
     problems = steps.static_problems(steps.load_manifests(root), root)
     assert problems == [
@@ -150,9 +189,15 @@ def test_a_file_introduced_twice_is_reported(tmp_path):
 
 def test_missing_unlisted_and_misordered_files_are_reported(tmp_path):
     chapters = dict(FAKE)
-    chapters[4] = ("late", dict(main="examples/ch04_late.py", new=["minisgl/late.py"],
-                                modified=["minisgl/never.py", "minisgl/late.py"],
-                                early={"minisgl/soon.py": 4}))
+    chapters[4] = (
+        "late",
+        dict(
+            main="examples/ch04_late.py",
+            new=["minisgl/late.py"],
+            modified=["minisgl/never.py", "minisgl/late.py"],
+            early={"minisgl/soon.py": 4},
+        ),
+    )
     root = make_repo(tmp_path, chapters)
     (root / "minisgl/late.py").unlink()
     (root / "minisgl/stray.py").touch()
@@ -187,17 +232,21 @@ def test_diagnose_names_the_chapter_that_introduces_a_missing_module(tmp_path):
     out = "Traceback...\nModuleNotFoundError: No module named 'minisgl.engine'\n"
     assert steps.diagnose(out, 1, ms, tmp_path) == [
         "chapter 1 reaches forward: minisgl.engine is imported but not introduced until "
-        "chapter 3 (minisgl/engine/__init__.py)"]
+        "chapter 3 (minisgl/engine/__init__.py)"
+    ]
     # a namespace package whose __init__.py comes later
     out = "ImportError: cannot import name 'Engine' from 'minisgl.engine' (unknown location)"
-    assert "not introduced until chapter 3 (minisgl/engine/__init__.py)" in \
-        steps.diagnose(out, 2, ms, tmp_path)[0]
+    assert (
+        "not introduced until chapter 3 (minisgl/engine/__init__.py)"
+        in steps.diagnose(out, 2, ms, tmp_path)[0]
+    )
     out = "ModuleNotFoundError: No module named 'flashinfer'"
     assert "third-party module 'flashinfer'" in steps.diagnose(out, 2, ms, tmp_path)[0]
     out = f"FileNotFoundError: [Errno 2] No such file or directory: '{tmp_path}/s/minisgl/env.py'"
     assert steps.diagnose(out, 2, ms, tmp_path, step=tmp_path / "s") == [
         "chapter 2 reaches forward: minisgl/env.py is opened but not introduced until "
-        "chapter 3 (minisgl/env.py)"]
+        "chapter 3 (minisgl/env.py)"
+    ]
     assert steps.diagnose("AssertionError: 1 != 2", 2, ms, tmp_path) == []
 
 
@@ -206,11 +255,13 @@ def test_check_runs_each_step_on_its_own_files_and_catches_a_forward_reach(tmp_p
     root = make_repo(tmp_path)
     (root / "minisgl/core.py").write_text("VALUE = 42\n")
     (root / "examples/ch01_core.py").write_text(
-        "import minisgl, minisgl.core\nprint(minisgl.core.VALUE, minisgl.__file__)\n")
+        "import minisgl, minisgl.core\nprint(minisgl.core.VALUE, minisgl.__file__)\n"
+    )
     (root / "tests/test_ch01_core.py").write_text(
         "import os\nimport minisgl.core\n\n"
         "def test_value():\n    assert minisgl.core.VALUE == 42\n"
-        "    assert not os.path.exists('minisgl/engine')\n")
+        "    assert not os.path.exists('minisgl/engine')\n"
+    )
     # in chapter 2, an engine module reaches for chapter 3's env, the main for its engine
     (root / "minisgl/layers/linear.py").write_text("import minisgl.env\n")
     (root / "examples/ch02_layers.py").write_text("import minisgl.engine.engine\n")
@@ -228,12 +279,15 @@ def test_check_runs_each_step_on_its_own_files_and_catches_a_forward_reach(tmp_p
         "chapter 2 reaches forward: minisgl.env is imported but not introduced until "
         "chapter 3 (minisgl/env.py)",
         "chapter 2 reaches forward: minisgl.engine is imported but not introduced until "
-        "chapter 3 (minisgl/engine/__init__.py)"]
+        "chapter 3 (minisgl/engine/__init__.py)",
+    ]
     assert (root / "build/steps/02/minisgl/layers/linear.py").exists()
     assert not (root / "build/steps/02/minisgl/engine").exists()
 
 
-def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(tmp_path, monkeypatch, capsys):
+def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(
+    tmp_path, monkeypatch, capsys
+):
     """check keeps each main's stdout with a fingerprint of what it ran; outputs.py --check
     --from-steps takes it instead of a rerun only while the files are the same, and a stale
     outputs/*.txt fails either way."""
@@ -242,7 +296,9 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(tmp_path, 
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     root = make_repo(tmp_path)
     (root / "minisgl/core.py").write_text("VALUE = 42\n")
-    (root / "examples/ch01_core.py").write_text("import minisgl.core\nprint('value', minisgl.core.VALUE)\n")
+    (root / "examples/ch01_core.py").write_text(
+        "import minisgl.core\nprint('value', minisgl.core.VALUE)\n"
+    )
     (root / "tests/test_ch01_core.py").write_text("def test_nothing():\n    pass\n")
     ms = steps.load_manifests(root)
     assert steps.check_chapter(1, ms, root, timeout=120).ok
@@ -251,7 +307,10 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(tmp_path, 
     check = ["--root", str(root), "--check", "--from-steps", "ch01_core"]
     capsys.readouterr()
     assert outputs.main(check) == 0
-    assert "ok    ch01_core (stdout of the same files from tools/steps.py check" in capsys.readouterr().out
+    assert (
+        "ok    ch01_core (stdout of the same files from tools/steps.py check"
+        in capsys.readouterr().out
+    )
 
     (root / "outputs/ch01_core.txt").write_text("value 41\n")  # a stale captured output
     assert outputs.main(check) == 1
@@ -271,7 +330,8 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(tmp_path, 
     # a run that went on without a module its step hides (chapter 3's engine) ran other code
     # than a run from the repository would: not kept either
     (root / "examples/ch01_core.py").write_text(
-        "try:\n    import minisgl.engine\nexcept ImportError:\n    print('no engine yet')\n")
+        "try:\n    import minisgl.engine\nexcept ImportError:\n    print('no engine yet')\n"
+    )
     assert steps.check_chapter(1, ms, root, timeout=120).ok
     assert not (root / "build/steps/stdout/ch01_core.json").exists()
 
@@ -326,8 +386,14 @@ def test_an_installed_minisgl_cannot_fill_in_a_later_chapters_module(tmp_path):
     step, missing = steps.build_step(1, steps.load_manifests(root), root)
     assert missing == []
     code = LEAKY_FINDER.format(engine=str(root / "minisgl"))
-    out = subprocess.run([sys.executable, "-c", code], cwd=step, env=steps._env(step),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=step,
+        env=steps._env(step),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "blocked No module named 'minisgl.engine'", out.stderr
 
 
@@ -335,12 +401,14 @@ def test_command_line_tree_list_and_static_check(tmp_path, capsys):
     root = make_repo(tmp_path)
     assert steps.main(["--root", str(root), "tree", "2"]) == 0
     assert capsys.readouterr().out.startswith(
-        "Files so far: 6 (3 new, 0 modified, 1 brought in early)\n")
+        "Files so far: 6 (3 new, 0 modified, 1 brought in early)\n"
+    )
     assert steps.main(["--root", str(root), "list"]) == 0
     assert "03  engine" in capsys.readouterr().out
     assert steps.main(["--root", str(root), "check", "--static-only"]) == 0
     (root / "minisgl/stray.py").touch()
     assert steps.main(["--root", str(root), "check", "--static-only"]) == 1
-    assert "minisgl/stray.py is in the engine but no chapter introduces it" in \
-        capsys.readouterr().out
+    assert (
+        "minisgl/stray.py is in the engine but no chapter introduces it" in capsys.readouterr().out
+    )
     assert steps.main(["--root", str(root), "check", "--static-only", "--allow-unlisted"]) == 0

@@ -66,8 +66,11 @@ def _models(root: Path) -> Dict[str, list]:
     models = (root / "models").resolve()
     if not models.is_dir():
         return {}
-    return {f.relative_to(models).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns]
-            for f in sorted(models.rglob("*")) if f.is_file()}
+    return {
+        f.relative_to(models).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns]
+        for f in sorted(models.rglob("*"))
+        if f.is_file()
+    }
 
 
 def _settings() -> Dict[str, str]:

@@ -53,10 +53,15 @@ def _stage_title(config: MkDocsConfig, stage: Optional[int]) -> str:
     from mkdocs.yml `extra.stages`."""
     if stage is None:
         return "More chapters"
-    from_chapters = [ch.stage_title for ch in _state.get("chapters", {}).values()
-                     if ch.stage == stage and ch.stage_title]
+    from_chapters = [
+        ch.stage_title
+        for ch in _state.get("chapters", {}).values()
+        if ch.stage == stage and ch.stage_title
+    ]
     stages = (config.extra or {}).get("stages", {}) or {}
-    name = (from_chapters[0] if from_chapters else None) or stages.get(stage) or stages.get(str(stage))
+    name = (
+        (from_chapters[0] if from_chapters else None) or stages.get(stage) or stages.get(str(stage))
+    )
     return f"Stage {stage} · {name}" if name else f"Stage {stage}"
 
 
@@ -97,14 +102,20 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         _state["upstream"] = load_upstream_index(root)
     except MacroError:
         _state["upstream"] = None  # reported by the first @@upstream@@ that needs it
-    if config.nav is not None and chapters and not _splice_nav(config.nav, _chapter_nav(config, chapters)):
+    if (
+        config.nav is not None
+        and chapters
+        and not _splice_nav(config.nav, _chapter_nav(config, chapters))
+    ):
         config.nav.append({"Chapters": _chapter_nav(config, chapters)})
     return config
 
 
 def _stub(ch: Chapter) -> str:
-    return (f"# {ch.title}\n\n!!! note \"This chapter is being written\"\n"
-            f"    Its prose will live in `chapters/{ch.key}/chapter.md`.\n")
+    return (
+        f'# {ch.title}\n\n!!! note "This chapter is being written"\n'
+        f"    Its prose will live in `chapters/{ch.key}/chapter.md`.\n"
+    )
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
@@ -126,9 +137,13 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 
 
 def _context(page: Page, config: MkDocsConfig) -> Context:
-    return Context(root=_state["root"], repo_url=config.repo_url or "", page=page.file.src_uri,
-                   chapter=_state["chapters"].get(page.file.src_uri),
-                   upstream_index=_state.get("upstream"))
+    return Context(
+        root=_state["root"],
+        repo_url=config.repo_url or "",
+        page=page.file.src_uri,
+        chapter=_state["chapters"].get(page.file.src_uri),
+        upstream_index=_state.get("upstream"),
+    )
 
 
 def _decorate_chapter(markdown: str, ch: Chapter, ctx: Context, config: MkDocsConfig) -> str:
@@ -149,9 +164,14 @@ def _decorate_chapter(markdown: str, ch: Chapter, ctx: Context, config: MkDocsCo
     if repo:
         edit = f"{repo}/edit/main/chapters/{ch.key}/chapter.md"
         issue = f"{repo}/issues/new?title={quote(f'Chapter {ch.number}: ')}"
-        lines += ["", "---", "",
-                  f"Found a mistake or a better way to say it? [Edit this page on GitHub]({edit})"
-                  f" · [Report an issue]({issue})", "{ .chapter-footer }"]
+        lines += [
+            "",
+            "---",
+            "",
+            f"Found a mistake or a better way to say it? [Edit this page on GitHub]({edit})"
+            f" · [Report an issue]({issue})",
+            "{ .chapter-footer }",
+        ]
     return "\n".join(lines)
 
 
@@ -163,7 +183,9 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     if ctx.chapter is None:
         return result.text
     if config.repo_url:
-        page.edit_url = f"{config.repo_url.rstrip('/')}/edit/main/chapters/{ctx.chapter.key}/chapter.md"
+        page.edit_url = (
+            f"{config.repo_url.rstrip('/')}/edit/main/chapters/{ctx.chapter.key}/chapter.md"
+        )
     return _decorate_chapter(result.text, ctx.chapter, ctx, config)
 
 

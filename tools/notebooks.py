@@ -46,13 +46,17 @@ _ICON = re.compile(r":(?:material|octicons|fontawesome|simple)-[a-z0-9-]+:\s?")
 
 
 def _setup_cell(main: Optional[str]) -> str:
-    argv = f'sys.argv = ["{main}"]  # the main parses its own flags; the kernel\'s are not for it\n' if main else ""
+    argv = (
+        f'sys.argv = ["{main}"]  # the main parses its own flags; the kernel\'s are not for it\n'
+        if main
+        else ""
+    )
     return (
         "# Run from the repository root, so that `minisgl`, `models/` and `outputs/` are found.\n"
         "import os\nimport sys\nfrom pathlib import Path\n\n"
         "_here = Path.cwd().resolve()\n"
         "ROOT = next((p for p in [_here, *_here.parents]\n"
-        "             if (p / \"minisgl\").is_dir() and (p / \"chapters\").is_dir()), _here)\n"
+        '             if (p / "minisgl").is_dir() and (p / "chapters").is_dir()), _here)\n'
         "os.chdir(ROOT)\nsys.path.insert(0, str(ROOT))\n" + argv
     )
 
@@ -76,11 +80,19 @@ def plain_markdown(text: str) -> str:
                 body.pop()
             inner = plain_markdown("\n".join(body))
             if t:
-                out += [f"{indent}**{t.group(2)}**", ""] + [indent + b if b else b for b in inner.split("\n")] + [""]
+                out += (
+                    [f"{indent}**{t.group(2)}**", ""]
+                    + [indent + b if b else b for b in inner.split("\n")]
+                    + [""]
+                )
             elif m.group(2).startswith("???"):
                 title = m.group(4) or m.group(3).capitalize()
                 out += [f"{indent}<details><summary>{title}</summary>", ""]
-                out += [indent + b if b else b for b in inner.split("\n")] + ["", f"{indent}</details>", ""]
+                out += [indent + b if b else b for b in inner.split("\n")] + [
+                    "",
+                    f"{indent}</details>",
+                    "",
+                ]
             else:
                 title = m.group(4) if m.group(4) is not None else m.group(3).capitalize()
                 head = [f"{indent}> **{title}**", f"{indent}>"] if title else []
@@ -117,8 +129,12 @@ def split_main(source: str, filename: str = "<main>") -> List[Tuple[str, str]]:
     lines = source.split("\n")
     cells: List[Tuple[str, str]] = []
     body = tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         cells.append(("markdown", ast.get_docstring(tree) or ""))
         lines_from = body[0].end_lineno or 0
         body = body[1:]
@@ -143,13 +159,22 @@ def split_main(source: str, filename: str = "<main>") -> List[Tuple[str, str]]:
     return cells
 
 
-def build_notebook(root: Path, chapter: Chapter, repo_url: str = "",
-                   errors: Optional[List[str]] = None) -> NotebookNode:
+def build_notebook(
+    root: Path, chapter: Chapter, repo_url: str = "", errors: Optional[List[str]] = None
+) -> NotebookNode:
     """The notebook of `chapter` (validated with nbformat). Broken macros go to `errors`."""
-    prose = chapter.prose_path.read_text(encoding="utf-8") if chapter.prose_path.is_file() \
+    prose = (
+        chapter.prose_path.read_text(encoding="utf-8")
+        if chapter.prose_path.is_file()
         else f"# {chapter.title}\n\nThis chapter is being written.\n"
-    ctx = Context(root=root, repo_url=repo_url, page=f"chapters/{chapter.key}/chapter.md",
-                  chapter=chapter, mode="notebook")
+    )
+    ctx = Context(
+        root=root,
+        repo_url=repo_url,
+        page=f"chapters/{chapter.key}/chapter.md",
+        chapter=chapter,
+        mode="notebook",
+    )
     result = expand(prose, ctx)
     if errors is not None:
         errors.extend(result.errors)
@@ -158,12 +183,21 @@ def build_notebook(root: Path, chapter: Chapter, repo_url: str = "",
     if chapter.main and (root / chapter.main).is_file():
         source = (root / chapter.main).read_text(encoding="utf-8")
         for kind, text in split_main(source, chapter.main):
-            main_cells.append(nbformat.v4.new_code_cell(text) if kind == "code"
-                              else nbformat.v4.new_markdown_cell(text))
+            main_cells.append(
+                nbformat.v4.new_code_cell(text)
+                if kind == "code"
+                else nbformat.v4.new_markdown_cell(text)
+            )
         if not marker:
-            main_cells.insert(0, nbformat.v4.new_markdown_cell(f"## Run the chapter's main: `{chapter.main}`"))
+            main_cells.insert(
+                0, nbformat.v4.new_markdown_cell(f"## Run the chapter's main: `{chapter.main}`")
+            )
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.metadata["language_info"] = {"name": "python"}
     nb.metadata["jupytext"] = {"notebook_metadata_filter": "-all"}
     nb.cells = [nbformat.v4.new_code_cell(_setup_cell(chapter.main))]
@@ -183,21 +217,28 @@ def execute(path: Path, root: Path, timeout: int) -> NotebookNode:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(root)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(root)}}
+    ).execute()
     return nb
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("chapters", nargs="*", help="ch07 or 7; all chapters when none")
-    parser.add_argument("--execute", action="store_true", help="run the built notebooks and fail on an error")
-    parser.add_argument("--out", type=Path, default=ROOT / "notebooks", help="output folder (notebooks/)")
+    parser.add_argument(
+        "--execute", action="store_true", help="run the built notebooks and fail on an error"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "notebooks", help="output folder (notebooks/)"
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell when executing")
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    chapters = [chapter_by_key(root, k) for k in args.chapters] if args.chapters else load_chapters(root)
+    chapters = (
+        [chapter_by_key(root, k) for k in args.chapters] if args.chapters else load_chapters(root)
+    )
     if args.execute and not args.chapters:
         parser.error("--execute needs the chapters to run (e.g. --execute ch07)")
     repo_url = _repo_url(root)
@@ -211,7 +252,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         failed += bool(errors)
-        print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path} ({len(nb.cells)} cells)")
+        print(
+            f"wrote {path.relative_to(root) if path.is_relative_to(root) else path} ({len(nb.cells)} cells)"
+        )
         if args.execute:
             from nbclient.exceptions import CellExecutionError
 

@@ -88,11 +88,22 @@ def run(example: Example, root: Path, timeout: float) -> str:
     """The example's stdout. Raises RuntimeError (with the stderr tail) if it fails or times out."""
     if not example.path.is_file():
         raise RuntimeError(f"{example.path.relative_to(root)} does not exist")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               **captured.ENV)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
+        **captured.ENV,
+    )
     try:
-        proc = subprocess.run([sys.executable, str(example.path.relative_to(root))], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, str(example.path.relative_to(root))],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"timed out after {timeout:.0f} s") from e
     if proc.returncode != 0:
@@ -101,12 +112,17 @@ def run(example: Example, root: Path, timeout: float) -> str:
     return proc.stdout
 
 
-def _stdout(example: Example, root: Path, timeout: float, reuse: bool) -> Tuple[Union[str, RuntimeError], str]:
+def _stdout(
+    example: Example, root: Path, timeout: float, reuse: bool
+) -> Tuple[Union[str, RuntimeError], str]:
     """(the example's stdout, or the error of its run; where it came from, for the report)."""
     if reuse:
         text = captured.load(root, example.name)
         if text is not None:
-            return text, f" (stdout of the same files from tools/steps.py check, {captured.STORE.as_posix()})"
+            return (
+                text,
+                f" (stdout of the same files from tools/steps.py check, {captured.STORE.as_posix()})",
+            )
     try:
         return run(example, root, timeout), ""
     except RuntimeError as err:
@@ -116,12 +132,19 @@ def _stdout(example: Example, root: Path, timeout: float, reuse: bool) -> Tuple[
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="example names (ch07_scheduler); all when none")
-    parser.add_argument("--check", action="store_true", help="fail listing stale outputs, with diffs")
+    parser.add_argument(
+        "--check", action="store_true", help="fail listing stale outputs, with diffs"
+    )
     parser.add_argument("--list", action="store_true", help="list the captured examples")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per example")
-    parser.add_argument("--jobs", "-j", type=int, default=1, help="examples run at once (default 1)")
-    parser.add_argument("--from-steps", action="store_true",
-                        help="with --check: reuse the stdout of `tools/steps.py check` runs of the same files")
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=1, help="examples run at once (default 1)"
+    )
+    parser.add_argument(
+        "--from-steps",
+        action="store_true",
+        help="with --check: reuse the stdout of `tools/steps.py check` runs of the same files",
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.from_steps and not args.check:
@@ -132,13 +155,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         wanted = {n.removesuffix(".py").removeprefix("examples/") for n in args.names}
         unknown = wanted - {e.name for e in examples}
         if unknown:
-            parser.error(f"not a captured example: {', '.join(sorted(unknown))} "
-                         "(add it as a chapter main or mark it `# capture-output`)")
+            parser.error(
+                f"not a captured example: {', '.join(sorted(unknown))} "
+                "(add it as a chapter main or mark it `# capture-output`)"
+            )
         examples = [e for e in examples if e.name in wanted]
     if args.list:
         for e in examples:
-            how = "nondeterministic: not checked" if not e.deterministic else \
-                f"checked, masking {e.masks}" if e.masks else "checked"
+            how = (
+                "nondeterministic: not checked"
+                if not e.deterministic
+                else f"checked, masking {e.masks}"
+                if e.masks
+                else "checked"
+            )
             how = how if e.path.is_file() else "not written yet"
             print(f"{e.name:<28} {how}")
         return 0
@@ -166,8 +196,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             old = target.read_text(encoding="utf-8") if target.is_file() else ""
             if e.normalise(old) != e.normalise(text):
                 stale.append(f"outputs/{e.name}.txt")
-                diff = difflib.unified_diff(old.splitlines(), text.splitlines(), f"outputs/{e.name}.txt",
-                                            f"python examples/{e.name}.py{source}", lineterm="")
+                diff = difflib.unified_diff(
+                    old.splitlines(),
+                    text.splitlines(),
+                    f"outputs/{e.name}.txt",
+                    f"python examples/{e.name}.py{source}",
+                    lineterm="",
+                )
                 print("\n".join(diff))
             else:
                 print(f"ok    {e.name}{source}")

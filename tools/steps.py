@@ -39,7 +39,6 @@ from pathlib import Path
 from types import ModuleType
 
 
-
 def _load_sibling(name: str) -> ModuleType:
     """Import tools/<name>.py by path, leaving sys.path alone (the docs hook imports this
     file by path too, and tools/ on sys.path would shadow names like `docs`)."""
@@ -59,7 +58,8 @@ if __package__:  # imported as tools.steps
 else:  # run as a script, or imported by path
     _manifest = _load_sibling("manifest")
 if __package__:
-    from . import captured as _captured, jobs as _jobs
+    from . import captured as _captured
+    from . import jobs as _jobs
 else:
     _captured, _jobs = _load_sibling("captured"), _load_sibling("jobs")
 
@@ -68,8 +68,17 @@ files_so_far, get_manifest = _manifest.files_so_far, _manifest.get_manifest
 introduced_in, load_manifests = _manifest.introduced_in, _manifest.load_manifests
 render_tree, static_problems = _manifest.render_tree, _manifest.static_problems
 
-__all__ = ["Manifest", "load_manifests", "files_so_far", "render_tree", "static_problems",
-           "build_step", "check_chapter", "diagnose", "main"]
+__all__ = [
+    "Manifest",
+    "load_manifests",
+    "files_so_far",
+    "render_tree",
+    "static_problems",
+    "build_step",
+    "check_chapter",
+    "diagnose",
+    "main",
+]
 
 # Present in every step tree whatever the chapter: copied if they exist (folders whole).
 INFRASTRUCTURE = ["pyproject.toml", "tests/conftest.py", "tools/"]
@@ -165,8 +174,9 @@ def step_dir(n: int, root: Path) -> Path:
 def _copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     if src.is_dir():
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-                        dirs_exist_ok=True)
+        shutil.copytree(
+            src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True
+        )
     else:
         shutil.copy2(src, dst)
 
@@ -200,8 +210,13 @@ def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, lis
 # ---------------------------------------------------------------------------- diagnosis
 
 
-def diagnose(output: str, n: int, manifests: list[Manifest], root: Path | None = None,
-             step: Path | None = None) -> list[str]:
+def diagnose(
+    output: str,
+    n: int,
+    manifests: list[Manifest],
+    root: Path | None = None,
+    step: Path | None = None,
+) -> list[str]:
     """Explain import and file errors in a failed command's output.
 
     Returns one sentence per distinct missing module or file, e.g. "chapter 5 reaches
@@ -214,12 +229,12 @@ def diagnose(output: str, n: int, manifests: list[Manifest], root: Path | None =
     found: list[str] = []
     for mod in re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", output):
         if mod.split(".")[0] != ENGINE:
-            found.append(f"chapter {n}: third-party module '{mod}' is not installed "
-                         "(not a forward reach)")
+            found.append(
+                f"chapter {n}: third-party module '{mod}' is not installed (not a forward reach)"
+            )
         else:
             found.append(_explain(n, mod, _module_files(mod), intro, root, "is imported"))
-    for name, mod in re.findall(r"ImportError: cannot import name '(\w+)' from '([\w.]+)'",
-                                output):
+    for name, mod in re.findall(r"ImportError: cannot import name '(\w+)' from '([\w.]+)'", output):
         if mod.split(".")[0] != ENGINE:
             continue
         # `from minisgl.x import y`: y may be a submodule the chapter lacks, or a name that
@@ -228,13 +243,14 @@ def diagnose(output: str, n: int, manifests: list[Manifest], root: Path | None =
         if any(p in intro or (root / p).exists() for p in sub):
             found.append(_explain(n, f"{mod}.{name}", sub, intro, root, "is imported"))
         else:
-            found.append(_explain(n, mod, _module_files(mod), intro, root,
-                                  f"is imported (for {name})"))
+            found.append(
+                _explain(n, mod, _module_files(mod), intro, root, f"is imported (for {name})")
+            )
     pattern = r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']+)'"
     for path in re.findall(pattern, output):
         rel = path
         if step is not None and path.startswith(str(step) + "/"):
-            rel = path[len(str(step)) + 1:]
+            rel = path[len(str(step)) + 1 :]
         found.append(_explain(n, rel, [rel], intro, root, "is opened"))
     return list(dict.fromkeys(found))
 
@@ -244,20 +260,24 @@ def _module_files(module: str) -> list[str]:
     return [f"{base}/__init__.py", f"{base}.py"]
 
 
-def _explain(n: int, name: str, candidates: list[str], intro: dict[str, int],
-             root: Path, what: str) -> str:
+def _explain(
+    n: int, name: str, candidates: list[str], intro: dict[str, int], root: Path, what: str
+) -> str:
     for path in candidates:
         if path in intro:
             c = intro[path]
             if c > n:
-                return (f"chapter {n} reaches forward: {name} {what} but not introduced "
-                        f"until chapter {c} ({path})")
-            return (f"chapter {n}: {name} {what} and {path} is introduced in chapter {c}, "
-                    "yet this fails (a name missing from it?)")
+                return (
+                    f"chapter {n} reaches forward: {name} {what} but not introduced "
+                    f"until chapter {c} ({path})"
+                )
+            return (
+                f"chapter {n}: {name} {what} and {path} is introduced in chapter {c}, "
+                "yet this fails (a name missing from it?)"
+            )
     for path in candidates:
         if (root / path).exists():
-            return (f"chapter {n} reaches forward: {name} {what} but no chapter "
-                    f"introduces {path}")
+            return f"chapter {n} reaches forward: {name} {what} but no chapter introduces {path}"
     return f"chapter {n}: {name} {what} but does not exist in the repository"
 
 
@@ -273,12 +293,14 @@ def _env(pythonpath: Path, extra: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float,
-         extra_env: dict[str, str] | None = None) -> tuple[int, str, str]:
+def _run(
+    cmd: list[str], cwd: Path, timeout: float, extra_env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """(exit status, stdout + stderr, stdout) of ``cmd`` run in ``cwd``."""
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=_env(cwd, extra_env), capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, cwd=cwd, env=_env(cwd, extra_env), capture_output=True, text=True, timeout=timeout
+        )
         return proc.returncode, proc.stdout + proc.stderr, proc.stdout
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"") + (e.stderr or b"")
@@ -314,9 +336,16 @@ def _tops(files: list[str]) -> set[str]:
     return {p.split("/")[0] for p in [*files, *INFRASTRUCTURE, *LINKED]}
 
 
-def _run_commands(outcome: Outcome, commands: list[tuple[str, list[str]]], cwd: Path,
-                  n: int | None, manifests: list[Manifest], root: Path, timeout: float,
-                  tops: set[str] = frozenset()) -> None:
+def _run_commands(
+    outcome: Outcome,
+    commands: list[tuple[str, list[str]]],
+    cwd: Path,
+    n: int | None,
+    manifests: list[Manifest],
+    root: Path,
+    timeout: float,
+    tops: set[str] = frozenset(),
+) -> None:
     """Run each command in cwd; on failure explain it (forward reaches need a chapter n).
     A main (``examples/<name>.py``) runs as tools/outputs.py runs it, and its stdout is
     kept for ``outputs.py --check --from-steps``, fingerprinted over ``tops`` of cwd."""
@@ -345,8 +374,9 @@ def _run_commands(outcome: Outcome, commands: list[tuple[str, list[str]]], cwd: 
     outcome.log = "\n".join(logs)
 
 
-def check_chapter(n: int, manifests: list[Manifest], root: Path | None = None,
-                  timeout: float = 1800) -> Outcome:
+def check_chapter(
+    n: int, manifests: list[Manifest], root: Path | None = None, timeout: float = 1800
+) -> Outcome:
     """Build ``build/steps/NN`` and run chapter n's mains and tests in it."""
     root = root or ROOT
     start = time.monotonic()
@@ -358,8 +388,10 @@ def check_chapter(n: int, manifests: list[Manifest], root: Path | None = None,
         outcome.ok = False
         outcome.problems += [f"chapter {n}: {p} is listed but does not exist" for p in own]
     if len(missing) > len(own):  # reported by their own chapter; fatal here only if needed
-        outcome.problems.append(f"note: {len(missing) - len(own)} file(s) of earlier "
-                                "chapters are missing: " + ", ".join(sorted(set(missing) - set(own))))
+        outcome.problems.append(
+            f"note: {len(missing) - len(own)} file(s) of earlier "
+            "chapters are missing: " + ", ".join(sorted(set(missing) - set(own)))
+        )
     has_engine = any(p.startswith(ENGINE + "/") for p in files_so_far(n, manifests))
     problem, out = _verify_import(dest, has_engine, timeout)
     if problem:
@@ -367,26 +399,28 @@ def check_chapter(n: int, manifests: list[Manifest], root: Path | None = None,
         outcome.problems.append(f"chapter {n}: {problem}")
         outcome.problems += diagnose(out, n, manifests, root, step=dest)
     else:  # still run what is there: its failure may say more than "missing"
-        mains = [p for p in [m.main, *m.extra_mains]
-                 if p not in m.final_mains and p not in missing]
+        mains = [p for p in [m.main, *m.extra_mains] if p not in m.final_mains and p not in missing]
         commands = [(p, [sys.executable, p]) for p in mains]
         modules = _engine_modules(files_so_far(n, manifests), missing)
         if modules:
             commands.insert(0, ("imports", [sys.executable, "-c", IMPORT_ALL, *modules]))
         tests = [p for p in m.tests if p not in missing]
         if tests:
-            commands.append(("tests", [sys.executable, "-m", "pytest", "-q",
-                                       "-p", "no:cacheprovider", *tests]))
-        _run_commands(outcome, commands, dest, n, manifests, root, timeout,
-                      {p.name for p in dest.iterdir()})
+            commands.append(
+                ("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
+            )
+        _run_commands(
+            outcome, commands, dest, n, manifests, root, timeout, {p.name for p in dest.iterdir()}
+        )
         (dest / "check.log").write_text(outcome.log)
         outcome.log_path = (dest / "check.log").relative_to(root).as_posix()
     outcome.seconds = time.monotonic() - start
     return outcome
 
 
-def check_final_main(path: str, n: int, manifests: list[Manifest], root: Path | None = None,
-                     timeout: float = 1800) -> Outcome:
+def check_final_main(
+    path: str, n: int, manifests: list[Manifest], root: Path | None = None, timeout: float = 1800
+) -> Outcome:
     """Run a main that previews the finished engine against the full repository."""
     root = root or ROOT
     start = time.monotonic()
@@ -401,8 +435,16 @@ def check_final_main(path: str, n: int, manifests: list[Manifest], root: Path | 
             outcome.problems.append(problem)
         else:
             tops = _tops([f for m in manifests for f in m.tree_files])
-            _run_commands(outcome, [(path, [sys.executable, path])], root, None, manifests,
-                          root, timeout, tops)
+            _run_commands(
+                outcome,
+                [(path, [sys.executable, path])],
+                root,
+                None,
+                manifests,
+                root,
+                timeout,
+                tops,
+            )
     outcome.seconds = time.monotonic() - start
     return outcome
 
@@ -411,12 +453,16 @@ def check_final_main(path: str, n: int, manifests: list[Manifest], root: Path | 
 
 
 def cmd_list(manifests: list[Manifest]) -> int:
-    print(f"{'ch':<3} {'slug':<12} {'stage':<5} {'new':>3} {'mod':>3} {'early':>5} "
-          f"{'so far':>6}  title")
+    print(
+        f"{'ch':<3} {'slug':<12} {'stage':<5} {'new':>3} {'mod':>3} {'early':>5} "
+        f"{'so far':>6}  title"
+    )
     for m in manifests:
         total = sum(1 for p in files_so_far(m.number, manifests) if p.startswith(ENGINE + "/"))
-        print(f"{m.number:02d}  {m.slug:<12} {m.stage:<5} {len(m.new):>3} {len(m.modified):>3} "
-              f"{len(m.early):>5} {total:>6}  {m.title}")
+        print(
+            f"{m.number:02d}  {m.slug:<12} {m.stage:<5} {len(m.new):>3} {len(m.modified):>3} "
+            f"{len(m.early):>5} {total:>6}  {m.title}"
+        )
     return 0
 
 
@@ -434,34 +480,42 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
 
-    jobs: list[tuple[str, object]] = [(m.name, lambda m=m: check_chapter(
-        m.number, manifests, root, args.timeout)) for m in chosen]
+    jobs: list[tuple[str, object]] = [
+        (m.name, lambda m=m: check_chapter(m.number, manifests, root, args.timeout)) for m in chosen
+    ]
     if not args.no_final:
         finals = dict.fromkeys((p, m.number) for m in chosen for p in m.final_mains)
-        jobs += [(p, lambda p=p, n=n: check_final_main(p, n, manifests, root, args.timeout))
-                 for p, n in finals]
+        jobs += [
+            (p, lambda p=p, n=n: check_final_main(p, n, manifests, root, args.timeout))
+            for p, n in finals
+        ]
     outcomes: list[Outcome] = []
     for out in _jobs.in_order([(fn, ()) for _, fn in jobs], args.jobs):
         outcomes.append(out)
         log = f", log {out.log_path}" if out.log_path and not out.ok else ""
-        print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})",
-              flush=True)
+        print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})", flush=True)
         for p in out.problems:
             print("     " + p.replace("\n", "\n     "))
 
     print("\nsummary")
     print(f"  {'step':<40} {'result':<6} {'time':>8}  ran")
     for out in outcomes:
-        print(f"  {out.label:<40} {'ok' if out.ok else 'FAIL':<6} {out.seconds:>7.1f}s  "
-              f"{', '.join(r + (' (FAIL)' if r in out.failed else '') for r in out.ran) or '-'}")
+        print(
+            f"  {out.label:<40} {'ok' if out.ok else 'FAIL':<6} {out.seconds:>7.1f}s  "
+            f"{', '.join(r + (' (FAIL)' if r in out.failed else '') for r in out.ran) or '-'}"
+        )
     failed = [o for o in outcomes if not o.ok]
-    print(f"  {len(outcomes) - len(failed)}/{len(outcomes)} steps passed"
-          + (f", {len(static)} static problem(s)" if static else ""))
+    print(
+        f"  {len(outcomes) - len(failed)}/{len(outcomes)} steps passed"
+        + (f", {len(static)} static problem(s)" if static else "")
+    )
     return 1 if failed or static else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/steps.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python tools/steps.py", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the chapters and what each introduces")
@@ -470,12 +524,20 @@ def main(argv: list[str] | None = None) -> int:
     tree.add_argument("--format", choices=["text", "markdown"], default="text")
     check = sub.add_parser("check", help="rebuild chapters 0..N and run each one's main and tests")
     check.add_argument("chapters", type=int, nargs="*", help="chapter numbers (default: all)")
-    check.add_argument("--jobs", "-j", type=int, default=1,
-                       help="steps run at once (default 1; more: one thread per child, tools/jobs.py)")
+    check.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        help="steps run at once (default 1; more: one thread per child, tools/jobs.py)",
+    )
     check.add_argument("--timeout", type=float, default=1800, help="seconds per command")
     check.add_argument("--static-only", action="store_true", help="only check the manifests")
-    check.add_argument("--allow-unlisted", action="store_true",
-                       help="do not fail on minisgl files that no chapter introduces yet")
+    check.add_argument(
+        "--allow-unlisted",
+        action="store_true",
+        help="do not fail on minisgl files that no chapter introduces yet",
+    )
     check.add_argument("--no-final", action="store_true", help="skip the final_mains")
     args = parser.parse_args(argv)
 

@@ -29,14 +29,27 @@ sys.path.insert(0, str(ROOT))
 
 from minisgl.server.local import start_server, stop_server, wait_ready  # noqa: E402
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three prime numbers:", "Once upon a time,",
-           "Explain tensor parallelism in one sentence.", "1, 2, 3, 5, 8,", "The opposite of hot is",
-           "Translate to French: good morning"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three prime numbers:",
+    "Once upon a time,",
+    "Explain tensor parallelism in one sentence.",
+    "1, 2, 3, 5, 8,",
+    "The opposite of hot is",
+    "Translate to French: good morning",
+]
 
 
 def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
-    extra = ["--tp", str(tp), "--max-seq-len", "2048", *(["--device", args.device] if args.device else []),
-             *(["--dtype", args.dtype] if args.dtype else [])]
+    extra = [
+        "--tp",
+        str(tp),
+        "--max-seq-len",
+        "2048",
+        *(["--device", args.device] if args.device else []),
+        *(["--dtype", args.dtype] if args.dtype else []),
+    ]
     log = Path(f"/tmp/tp_compare_tp{tp}.log")
     proc, url = start_server(args.model, extra, log)
     try:
@@ -44,14 +57,23 @@ def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
         name = Path(args.model).name
 
         def one(prompt: str) -> str:
-            body = {"model": name, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
-                    "ignore_eos": True}
-            return httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()["choices"][0]["text"]
+            body = {
+                "model": name,
+                "prompt": prompt,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            return httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()["choices"][0][
+                "text"
+            ]
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             texts = list(pool.map(one, PROMPTS))
-        print(f"tp={tp}: {len(PROMPTS)} prompts x {args.max_tokens} tokens in {time.perf_counter() - t0:.2f} s")
+        print(
+            f"tp={tp}: {len(PROMPTS)} prompts x {args.max_tokens} tokens in {time.perf_counter() - t0:.2f} s"
+        )
         return texts
     finally:
         stop_server(proc, signal.SIGINT)
@@ -74,7 +96,9 @@ def main() -> int:
         else:
             bad += 1
             at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            print(f"  DIFFERS  {prompt!r} at character {at}: tp=1 {a[at:at + 30]!r} / tp={args.tp} {b[at:at + 30]!r}")
+            print(
+                f"  DIFFERS  {prompt!r} at character {at}: tp=1 {a[at : at + 30]!r} / tp={args.tp} {b[at : at + 30]!r}"
+            )
     print(f"{len(PROMPTS) - bad} of {len(PROMPTS)} texts equal at tp=1 and tp={args.tp}")
     return 1 if bad else 0
 

@@ -39,8 +39,9 @@ OUTPUT = ROOT / "docs" / "upstream_index.json"
 
 
 def _git(git_dir: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(git_dir), *args], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(git_dir), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def build_index(git_dir: Path, commit: str = "HEAD") -> Dict[str, object]:
@@ -49,8 +50,11 @@ def build_index(git_dir: Path, commit: str = "HEAD") -> Dict[str, object]:
     Raises subprocess.CalledProcessError when git cannot read the commit.
     """
     sha = _git(git_dir, "rev-parse", f"{commit}^{{commit}}").strip()
-    paths = [p for p in _git(git_dir, "ls-tree", "-r", "--name-only", sha, "--", PACKAGE).split("\n")
-             if p.endswith(".py")]
+    paths = [
+        p
+        for p in _git(git_dir, "ls-tree", "-r", "--name-only", sha, "--", PACKAGE).split("\n")
+        if p.endswith(".py")
+    ]
     files: Dict[str, Dict[str, List[int]]] = {}
     for path in sorted(paths):
         source = _git(git_dir, "show", f"{sha}:{path}")
@@ -65,9 +69,13 @@ def build_index(git_dir: Path, commit: str = "HEAD") -> Dict[str, object]:
 
 def dumps(index: Dict[str, object]) -> str:
     # one symbol per line keeps diffs readable when the pinned commit moves
-    lines = ["{", f'  "repository": {json.dumps(index["repository"])},',
-             f'  "commit": {json.dumps(index["commit"])},', f'  "root": {json.dumps(index["root"])},',
-             '  "files": {']
+    lines = [
+        "{",
+        f'  "repository": {json.dumps(index["repository"])},',
+        f'  "commit": {json.dumps(index["commit"])},',
+        f'  "root": {json.dumps(index["root"])},',
+        '  "files": {',
+    ]
     files = index["files"]
     assert isinstance(files, dict)
     for i, (path, symbols) in enumerate(files.items()):
@@ -78,7 +86,10 @@ def dumps(index: Dict[str, object]) -> str:
         lines.append(f"    {json.dumps(path)}: {{")
         items = list(symbols.items())
         for j, (name, span) in enumerate(items):
-            lines.append(f"      {json.dumps(name)}: {json.dumps(span)}" + ("," if j < len(items) - 1 else ""))
+            lines.append(
+                f"      {json.dumps(name)}: {json.dumps(span)}"
+                + ("," if j < len(items) - 1 else "")
+            )
         lines.append("    }" + comma)
     lines += ["  }", "}", ""]
     return "\n".join(lines)
@@ -86,11 +97,18 @@ def dumps(index: Dict[str, object]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--git-dir", type=Path, default=DEFAULT_GIT_DIR, help="a local clone of upstream")
-    parser.add_argument("--commit", default=None,
-                        help="commit to pin (default: the commit already pinned in the JSON, else HEAD)")
+    parser.add_argument(
+        "--git-dir", type=Path, default=DEFAULT_GIT_DIR, help="a local clone of upstream"
+    )
+    parser.add_argument(
+        "--commit",
+        default=None,
+        help="commit to pin (default: the commit already pinned in the JSON, else HEAD)",
+    )
     parser.add_argument("--out", type=Path, default=OUTPUT)
-    parser.add_argument("--check", action="store_true", help="fail if the JSON differs from a rebuild")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if the JSON differs from a rebuild"
+    )
     args = parser.parse_args(argv)
     commit = args.commit
     if commit is None and args.out.is_file():

@@ -63,4 +63,10 @@ def create_attention_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
     return ATTENTION_BACKENDS[name](config)
 
 
-__all__ = ["ATTENTION_BACKENDS", "BaseAttnBackend", "BaseAttnMetadata", "HybridBackend", "create_attention_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "BaseAttnBackend",
+    "BaseAttnMetadata",
+    "HybridBackend",
+    "create_attention_backend",
+]

@@ -63,13 +63,19 @@ class BaseAttnBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k, v first
         unless they are None (already stored at ``batch.out_loc`` by the fused decode path)."""
 
-    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward_qkv(
+        self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         """The fused decode path's attention (chapter 19), from ``qkv: [T, (H_q + 2 H_kv) D]``
         -> ``[T, H_q, D]``: q/k norms, RoPE and the KV store in one kernel
         (``kernel.qk_norm_rope_store``), then ``forward`` with the K/V already stored.
@@ -79,9 +85,18 @@ class BaseAttnBackend(ABC):
 
         pool = get_global_ctx().kv_cache
         q = qk_norm_rope_store(
-            qkv, batch.positions, qk.cos_sin_cache, qk.q_norm, qk.k_norm, qk.eps,
-            pool.k_slots(layer_id), pool.v_slots(layer_id), batch.out_loc,
-            qk.num_qo_heads, qk.num_kv_heads, qk.head_dim,
+            qkv,
+            batch.positions,
+            qk.cos_sin_cache,
+            qk.q_norm,
+            qk.k_norm,
+            qk.eps,
+            pool.k_slots(layer_id),
+            pool.v_slots(layer_id),
+            batch.out_loc,
+            qk.num_qo_heads,
+            qk.num_kv_heads,
+            qk.head_dim,
         )
         return self.forward(q, None, None, layer_id, batch)
 
@@ -124,12 +139,18 @@ class HybridBackend(BaseAttnBackend):
         self._pick(batch).prepare_metadata(batch)
 
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch)
 
-    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward_qkv(
+        self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         return self._pick(batch).forward_qkv(qkv, qk, layer_id, batch)
 
     # graphs replay decode batches only, so the decode backend decides

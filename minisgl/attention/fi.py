@@ -74,7 +74,9 @@ class PagedKVIndex:
     kv_page_ids: torch.Tensor  # [kv_indptr[-1]] int32, on the page table's device
 
 
-def paged_kv_index(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, pin: bool = False) -> PagedKVIndex:
+def paged_kv_index(
+    page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, pin: bool = False
+) -> PagedKVIndex:
     """Derive FlashInfer's paged-KV index of ``reqs`` from the page table.
 
     ``page_table: [rows, max_seq_len]`` int32 token slots; each request reads its row
@@ -86,7 +88,9 @@ def paged_kv_index(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int
         ValueError: for ``page_size < 1`` or an empty batch.
     """
     if page_size < 1 or not reqs:
-        raise ValueError(f"need page_size >= 1 and at least one request, got {page_size}, {len(reqs)}")
+        raise ValueError(
+            f"need page_size >= 1 and at least one request, got {page_size}, {len(reqs)}"
+        )
     seq_lens = [r.device_len for r in reqs]
     num_pages = [div_ceil(n, page_size) for n in seq_lens]
     last_page_len = [n - (p - 1) * page_size for n, p in zip(seq_lens, num_pages)]
@@ -132,12 +136,19 @@ class FlashInferBackend(BaseAttnBackend):
     accepts_stored_kv = True
 
     def __init__(
-        self, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_cache: MHAKVCache, page_size: int
+        self,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        kv_cache: MHAKVCache,
+        page_size: int,
     ) -> None:
         import flashinfer
 
         if kv_cache.device.type != "cuda" or kv_cache.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"FlashInfer needs an fp16/bf16 KV cache on CUDA, got {kv_cache.dtype} on {kv_cache.device}")
+            raise ValueError(
+                f"FlashInfer needs an fp16/bf16 KV cache on CUDA, got {kv_cache.dtype} on {kv_cache.device}"
+            )
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.kv_cache, self.page_size = kv_cache, page_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -161,7 +172,9 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         from minisgl.core import get_global_ctx
 
-        index = paged_kv_index(get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin=True)
+        index = paged_kv_index(
+            get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin=True
+        )
         last = (index.qo_indptr[1:] - 1).to(torch.int64).pin_memory()
         batch.attn_metadata = meta = FIMetadata(
             index=index,
@@ -170,7 +183,11 @@ class FlashInferBackend(BaseAttnBackend):
         )
         if self._small_decode(batch):
             to_device = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-            meta.small_decode = (to_device(index.kv_indptr), index.kv_page_ids, to_device(index.kv_last_page_len))
+            meta.small_decode = (
+                to_device(index.kv_indptr),
+                index.kv_page_ids,
+                to_device(index.kv_last_page_len),
+            )
 
     def _small_decode(self, batch: Batch) -> bool:
         """Whether ``batch`` goes to the split-KV Triton kernel (see the module docstring)."""
@@ -185,7 +202,11 @@ class FlashInferBackend(BaseAttnBackend):
         )
 
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
@@ -202,7 +223,9 @@ class FlashInferBackend(BaseAttnBackend):
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
 
-    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward_qkv(
+        self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         if meta.small_decode is None:
             return super().forward_qkv(qkv, qk, layer_id, batch)
@@ -211,15 +234,30 @@ class FlashInferBackend(BaseAttnBackend):
 
         # the split-KV kernel does the q/k norms, RoPE and the KV store too
         return decode_attention_qkv(
-            qkv, batch.positions, qk.cos_sin_cache, qk.q_norm, qk.k_norm, qk.eps,
-            self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), batch.out_loc, *meta.small_decode,
-            page_size=self.page_size, sm_scale=self.head_dim**-0.5,
-            max_seq_len=get_global_ctx().page_table.shape[1], num_qo_heads=qk.num_qo_heads,
+            qkv,
+            batch.positions,
+            qk.cos_sin_cache,
+            qk.q_norm,
+            qk.k_norm,
+            qk.eps,
+            self.kv_cache.k_slots(layer_id),
+            self.kv_cache.v_slots(layer_id),
+            batch.out_loc,
+            *meta.small_decode,
+            page_size=self.page_size,
+            sm_scale=self.head_dim**-0.5,
+            max_seq_len=get_global_ctx().page_table.shape[1],
+            num_qo_heads=qk.num_qo_heads,
         )
 
     def _forward_small_decode(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
-        batch: Batch, index: tuple,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
+        batch: Batch,
+        index: tuple,
     ) -> torch.Tensor:
         from minisgl.core import get_global_ctx
         from minisgl.kernel.triton_decode import decode_attention
@@ -227,8 +265,12 @@ class FlashInferBackend(BaseAttnBackend):
         if k is not None and v is not None:
             self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         return decode_attention(
-            q.contiguous(), self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), *index,
-            page_size=self.page_size, sm_scale=self.head_dim**-0.5,
+            q.contiguous(),
+            self.kv_cache.k_slots(layer_id),
+            self.kv_cache.v_slots(layer_id),
+            *index,
+            page_size=self.page_size,
+            sm_scale=self.head_dim**-0.5,
             max_seq_len=get_global_ctx().page_table.shape[1],
         )
 
@@ -238,19 +280,32 @@ class FlashInferBackend(BaseAttnBackend):
         self._plan_done.synchronize()
         idx = meta.index
         common = dict(
-            num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, page_size=self.page_size,
-            pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.dtype,
-            seq_lens=idx.seq_lens, non_blocking=True,
+            num_qo_heads=self.num_qo_heads,
+            num_kv_heads=self.num_kv_heads,
+            page_size=self.page_size,
+            pos_encoding_mode="NONE",
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            seq_lens=idx.seq_lens,
+            non_blocking=True,
         )
         if isinstance(meta.wrapper, flashinfer.BatchDecodeWithPagedKVCacheWrapper):
             meta.wrapper.plan(
-                indptr=idx.kv_indptr, indices=idx.kv_page_ids, last_page_len=idx.kv_last_page_len,
-                head_dim=self.head_dim, **common,
+                indptr=idx.kv_indptr,
+                indices=idx.kv_page_ids,
+                last_page_len=idx.kv_last_page_len,
+                head_dim=self.head_dim,
+                **common,
             )
         else:
             meta.wrapper.plan(
-                qo_indptr=idx.qo_indptr, paged_kv_indptr=idx.kv_indptr, paged_kv_indices=idx.kv_page_ids,
-                paged_kv_last_page_len=idx.kv_last_page_len, head_dim_qk=self.head_dim, causal=True, **common,
+                qo_indptr=idx.qo_indptr,
+                paged_kv_indptr=idx.kv_indptr,
+                paged_kv_indices=idx.kv_page_ids,
+                paged_kv_last_page_len=idx.kv_last_page_len,
+                head_dim_qk=self.head_dim,
+                causal=True,
+                **common,
             )
         self._plan_done.record()
         meta.planned = True
@@ -273,7 +328,10 @@ class FlashInferBackend(BaseAttnBackend):
 
         bs = batch.padded_size
         self.graph_wrappers[bs] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+            self.workspace,
+            kv_layout="NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores,
             paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
             paged_kv_indices_buffer=self._graph_kv_page_ids,
             paged_kv_last_page_len_buffer=self._graph_kv_last_page_len[:bs],
@@ -292,7 +350,11 @@ class FlashInferBackend(BaseAttnBackend):
         # plan, whose host work and copies sit between the step's start and the replay
         # (batch 1 on an H200: 0.599 ms a step without them, 0.610 with them; chapter 19)
         bs = batch.padded_size
-        graph_index = (self._graph_kv_indptr[: bs + 1], self._graph_kv_page_ids, self._graph_kv_last_page_len[:bs])
+        graph_index = (
+            self._graph_kv_indptr[: bs + 1],
+            self._graph_kv_page_ids,
+            self._graph_kv_last_page_len[:bs],
+        )
         for buffer, values in zip(graph_index, meta.small_decode):
             buffer[: values.numel()].copy_(values)
             # made on the scheduler's stream under overlap scheduling, and dropped just below:

@@ -61,7 +61,11 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = TorchAttnMetadata(cu, cached, seq, kv, last.to(page_table.device))
 
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         pool: MHAKVCache = get_global_ctx().kv_cache  # type: ignore[assignment]
@@ -72,16 +76,24 @@ class TorchAttnBackend(BaseAttnBackend):
         out = torch.empty_like(q)
         for i, slots in enumerate(meta.kv_indices):
             start, end = meta.cu_seqlens_q[i], meta.cu_seqlens_q[i + 1]
-            out[start:end] = self._attend(q[start:end], k_slots[slots], v_slots[slots], meta.cached_lens[i])
+            out[start:end] = self._attend(
+                q[start:end], k_slots[slots], v_slots[slots], meta.cached_lens[i]
+            )
         return out
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
+    ) -> torch.Tensor:
         """``q: [n, H_q, D]`` at positions ``offset ..``; ``k, v: [offset + n, H_kv, D]``."""
         n, s = q.shape[0], k.shape[0]
         # query j may see keys 0 .. offset + j
         mask = torch.ones(n, s, dtype=torch.bool, device=q.device).tril(diagonal=offset)
         o = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=mask, scale=self.scale, enable_gqa=self.num_qo_heads != self.num_kv_heads,
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.num_qo_heads != self.num_kv_heads,
         )
         return o.transpose(0, 1)

@@ -42,7 +42,9 @@ from .manual import build_batch, place
 from .workload import format_table
 
 
-def measure_copy_bandwidth(device: torch.device, num_bytes: int = 1 << 30, iters: int = 20) -> float:
+def measure_copy_bandwidth(
+    device: torch.device, num_bytes: int = 1 << 30, iters: int = 20
+) -> float:
     """Device memory bandwidth in bytes/s: ``2 * num_bytes`` moved per copy (read + write)."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
@@ -83,7 +85,10 @@ def make_decode_batch(engine: Engine, bs: int, context: int) -> Batch:
 
 def time_steps(engine: Engine, batch: Batch, steps: int, use_graph: bool) -> tuple[float, float]:
     """``(GPU ms, step ms)`` per step, averaged over ``steps`` after 3 warm-up steps."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(steps)
+    ]
     for i in range(-3, steps):
         if i == 0:
             torch.cuda.synchronize(engine.device)
@@ -115,8 +120,11 @@ def count_kernels(engine: Engine, batch: Batch) -> int:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             engine.model.forward()
             torch.cuda.synchronize(engine.device)
-    return sum(1 for e in prof.events()
-               if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    return sum(
+        1
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    )
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -133,17 +141,27 @@ def main(argv: List[str] | None = None) -> None:
 
     max_bs = max(args.batch_sizes)
     pages = max_bs * div_ceil(args.context + 2, args.page_size)  # context, the new token, one spare
-    engine = Engine(EngineConfig(
-        args.model, dtype=torch.bfloat16, device="cuda", page_size=args.page_size, max_running_req=max_bs,
-        num_page_override=pages, max_seq_len_override=args.context + 64, attention_backend=args.attention_backend,
-        cuda_graph_bs=tuple(args.batch_sizes),
-    ))
+    engine = Engine(
+        EngineConfig(
+            args.model,
+            dtype=torch.bfloat16,
+            device="cuda",
+            page_size=args.page_size,
+            max_running_req=max_bs,
+            num_page_override=pages,
+            max_seq_len_override=args.context + 64,
+            attention_backend=args.attention_backend,
+            cuda_graph_bs=tuple(args.batch_sizes),
+        )
+    )
     startup = engine.startup_seconds
     bandwidth = measure_copy_bandwidth(engine.device)
     w_bytes, kv_token = weight_bytes(engine), kv_bytes_per_token(engine)
     graphs = bool(engine.graph_runner.graphs)
-    print(f"model {args.model}: weights {w_bytes / 2**20:.0f} MiB, KV {kv_token / 1024:.0f} KiB per token; "
-          f"attention {type(engine.attn_backend).__name__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print(
+        f"model {args.model}: weights {w_bytes / 2**20:.0f} MiB, KV {kv_token / 1024:.0f} KiB per token; "
+        f"attention {type(engine.attn_backend).__name__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s"
+    )
     print("start-up, s: " + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()))
 
     rows = []
@@ -154,10 +172,31 @@ def main(argv: List[str] | None = None) -> None:
             off = time_steps(engine, batch, args.steps, use_graph=False)
             floor_ms = (w_bytes + bs * (args.context + 1) * kv_token) / bandwidth * 1e3
             fmt = lambda t: f"{t[0]:.3f} / {t[1]:.3f}" if t else "-"  # noqa: E731
-            rows.append([bs, args.context, count_kernels(engine, batch), fmt(on), fmt(off), f"{floor_ms:.3f}",
-                         f"{on[0] / floor_ms:.2f}x" if on else "-"])
-    print(format_table(["batch", "context", "kernels", "graphs on: GPU / step ms", "graphs off: GPU / step ms",
-                        "floor ms", "graphs GPU / floor"], rows))
+            rows.append(
+                [
+                    bs,
+                    args.context,
+                    count_kernels(engine, batch),
+                    fmt(on),
+                    fmt(off),
+                    f"{floor_ms:.3f}",
+                    f"{on[0] / floor_ms:.2f}x" if on else "-",
+                ]
+            )
+    print(
+        format_table(
+            [
+                "batch",
+                "context",
+                "kernels",
+                "graphs on: GPU / step ms",
+                "graphs off: GPU / step ms",
+                "floor ms",
+                "graphs GPU / floor",
+            ],
+            rows,
+        )
+    )
     engine.shutdown()
 
 

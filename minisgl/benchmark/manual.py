@@ -25,12 +25,21 @@ from minisgl.engine import Engine
 from minisgl.utils import div_ceil
 
 
-def make_req(row: int, ids: Sequence[int] | torch.Tensor, cached_len: int = 0, output_len: int = 1 << 20) -> Req:
+def make_req(
+    row: int, ids: Sequence[int] | torch.Tensor, cached_len: int = 0, output_len: int = 1 << 20
+) -> Req:
     """A request in page-table row ``row`` whose first ``cached_len`` tokens are already in
     the KV cache (their slots must be in the row)."""
     input_ids = torch.as_tensor(ids, dtype=torch.int32).cpu()
-    return Req(input_ids, table_idx=row, cached_len=cached_len, output_len=output_len, uid=row,
-               sampling_params=SamplingParams(max_tokens=max(1, output_len)), cache_handle=None)  # type: ignore[arg-type]
+    return Req(
+        input_ids,
+        table_idx=row,
+        cached_len=cached_len,
+        output_len=output_len,
+        uid=row,
+        sampling_params=SamplingParams(max_tokens=max(1, output_len)),
+        cache_handle=None,
+    )  # type: ignore[arg-type]
 
 
 def place(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> List[Req]:
@@ -47,7 +56,9 @@ def place(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int)
     for row, ids in enumerate(prompts):
         length = len(ids) + max_new_tokens
         if length > engine.page_table.shape[1]:
-            raise ValueError(f"request {row} needs {length} positions; the page table has {engine.page_table.shape[1]}")
+            raise ValueError(
+                f"request {row} needs {length} positions; the page table has {engine.page_table.shape[1]}"
+            )
         pages = div_ceil(length, page)
         if next_page + pages > engine.num_pages:
             raise ValueError(f"the KV pool has {engine.num_pages} pages; these requests need more")
@@ -66,8 +77,12 @@ def build_batch(engine: Engine, reqs: Sequence[Req], phase: str) -> Batch:
     engine.graph_runner.pad_batch(batch)
     device = engine.device
     ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in batch.padded_reqs])
-    positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs])
-    rows = torch.cat([torch.full((r.extend_len,), r.table_idx, dtype=torch.int64) for r in batch.padded_reqs])
+    positions = torch.cat(
+        [torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs]
+    )
+    rows = torch.cat(
+        [torch.full((r.extend_len,), r.table_idx, dtype=torch.int64) for r in batch.padded_reqs]
+    )
     batch.input_ids = ids.to(device)
     batch.positions = positions.to(device)
     batch.out_loc = engine.page_table[rows.to(device), positions.to(device).long()]
@@ -92,7 +107,10 @@ def forward(engine: Engine, batch: Batch, use_graph: bool = True) -> torch.Tenso
 
 
 def greedy(
-    engine: Engine, reqs: Sequence[Req], steps: int, use_graph: bool = True,
+    engine: Engine,
+    reqs: Sequence[Req],
+    steps: int,
+    use_graph: bool = True,
     forced: Sequence[Sequence[int]] | None = None,
 ) -> Tuple[List[List[int]], List[torch.Tensor]]:
     """Prefill ``reqs`` together, then decode them together for ``steps - 1`` more steps,

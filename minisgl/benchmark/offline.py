@@ -91,23 +91,33 @@ def reset_prefix_cache(llm: LLM) -> None:
     cm.check_integrity()
 
 
-def run_minisgl(args: argparse.Namespace, workload: OfflineWorkload, cache_type: str,
-                overlaps: Sequence[bool]) -> tuple[List[RunResult], Dict[str, float]]:
+def run_minisgl(
+    args: argparse.Namespace, workload: OfflineWorkload, cache_type: str, overlaps: Sequence[bool]
+) -> tuple[List[RunResult], Dict[str, float]]:
     """One engine with ``cache_type``, one timed run per overlap setting."""
     device = torch.device(args.device) if args.device else default_device()
     _reset_peak(device)
     t0 = time.perf_counter()
     llm = ProgressLLM(
-        args.model, dtype=args.dtype, device=args.device, page_size=args.page_size,
-        max_running_req=args.max_running_req, max_extend_tokens=args.max_extend_tokens,
-        max_seq_len_override=args.max_seq_len, memory_ratio=args.memory_ratio,
-        attention_backend=args.attention_backend, cuda_graph_max_bs=args.cuda_graph_max_bs, cache_type=cache_type,
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        page_size=args.page_size,
+        max_running_req=args.max_running_req,
+        max_extend_tokens=args.max_extend_tokens,
+        max_seq_len_override=args.max_seq_len,
+        memory_ratio=args.memory_ratio,
+        attention_backend=args.attention_backend,
+        cuda_graph_max_bs=args.cuda_graph_max_bs,
+        cache_type=cache_type,
         tp=args.tp,
     )
     t1 = time.perf_counter()
     startup = dict(llm.engine.startup_seconds)
     startup["scheduler"] = (t1 - t0) - startup.pop("total")  # tokenizer, tables, streams
-    llm.generate(["Benchmark: "], SamplingParams(temperature=0.6, max_tokens=8))  # prefill + sampling compile here
+    llm.generate(
+        ["Benchmark: "], SamplingParams(temperature=0.6, max_tokens=8)
+    )  # prefill + sampling compile here
     startup["first_request"] = time.perf_counter() - t1
     startup["total"] = time.perf_counter() - t0
     engine = llm.engine
@@ -118,7 +128,11 @@ def run_minisgl(args: argparse.Namespace, workload: OfflineWorkload, cache_type:
         if args.tp == 1:  # under TP one run only: the other ranks' caches cannot be reset from here
             reset_prefix_cache(llm)
         variant = f"{'overlap' if overlap else 'no overlap'}, {cache_type}, {engine.attn_backend.__class__.__name__}"
-        variant += f", graphs<={engine.graph_runner.max_graph_bs}" if engine.graph_runner.max_graph_bs else ", no graphs"
+        variant += (
+            f", graphs<={engine.graph_runner.max_graph_bs}"
+            if engine.graph_runner.max_graph_bs
+            else ", no graphs"
+        )
         variant += f", tp={args.tp}" if args.tp > 1 else ""
         with tqdm(total=workload.output_tokens, desc=f"mini-sglang ({variant})", unit="tok") as bar:
             llm.progress = bar
@@ -152,8 +166,12 @@ def run_hf(args: argparse.Namespace, workload: OfflineWorkload) -> RunResult:
         kwargs["attn_implementation"] = args.hf_attn
     model = AutoModelForCausalLM.from_pretrained(args.model, **kwargs).to(device).eval()
     gen = GenerationConfig(
-        do_sample=True, temperature=workload.temperature, top_k=0, top_p=1.0,
-        max_new_tokens=max(workload.max_tokens), eos_token_id=None,  # None: EOS ignored, as ours
+        do_sample=True,
+        temperature=workload.temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max(workload.max_tokens),
+        eos_token_id=None,  # None: EOS ignored, as ours
         pad_token_id=model.generation_config.pad_token_id,
     )
     # Not under torch.inference_mode(): the manager's generation thread updates, in place,
@@ -162,22 +180,35 @@ def run_hf(args: argparse.Namespace, workload: OfflineWorkload) -> RunResult:
     manager.start()
     try:
         _hf_collect(manager, [workload.prompts[0][:32]] * 4, [16] * 4, None, "warmup")  # not timed
-        with tqdm(total=workload.output_tokens, desc="transformers (continuous batching)", unit="tok") as bar:
+        with tqdm(
+            total=workload.output_tokens, desc="transformers (continuous batching)", unit="tok"
+        ) as bar:
             start = time.perf_counter()
             tokens = _hf_collect(manager, workload.prompts, workload.max_tokens, bar, "bench")
             synchronize(device)
             seconds = time.perf_counter() - start
     finally:
         manager.stop(block=True)
-    result = RunResult("transformers", f"generate_batch manager, {model.config._attn_implementation}",
-                       tokens, seconds, _peak(device), "-")
+    result = RunResult(
+        "transformers",
+        f"generate_batch manager, {model.config._attn_implementation}",
+        tokens,
+        seconds,
+        _peak(device),
+        "-",
+    )
     del manager, model
     _free_memory(device)
     return result
 
 
-def _hf_collect(manager: Any, prompts: Sequence[List[int]], max_tokens: Sequence[int], bar: tqdm | None,
-                prefix: str) -> int:
+def _hf_collect(
+    manager: Any,
+    prompts: Sequence[List[int]],
+    max_tokens: Sequence[int],
+    bar: tqdm | None,
+    prefix: str,
+) -> int:
     """Submit every request, wait for all of them; returns the tokens generated."""
     pending = set()
     for i, (ids, n) in enumerate(zip(prompts, max_tokens)):
@@ -189,7 +220,9 @@ def _hf_collect(manager: Any, prompts: Sequence[List[int]], max_tokens: Sequence
         result = manager.get_result(timeout=1)
         if result is None:
             if not manager.is_running():
-                raise RuntimeError(f"transformers' generation thread stopped with {len(pending)} requests left")
+                raise RuntimeError(
+                    f"transformers' generation thread stopped with {len(pending)} requests left"
+                )
             continue
         if result.is_finished() and result.request_id in pending:
             pending.discard(result.request_id)
@@ -200,32 +233,79 @@ def _hf_collect(manager: Any, prompts: Sequence[List[int]], max_tokens: Sequence
     return tokens
 
 
-def print_report(workload: OfflineWorkload, results: List[RunResult], startups: Dict[str, Dict[str, float]]) -> None:
+def print_report(
+    workload: OfflineWorkload, results: List[RunResult], startups: Dict[str, Dict[str, float]]
+) -> None:
     hf = next((r for r in results if r.system == "transformers"), None)
-    print(f"\nworkload: {workload.num_requests} requests, {workload.input_tokens:,} prompt tokens, "
-          f"{workload.output_tokens:,} output tokens (temperature {workload.temperature}, EOS ignored)")
+    print(
+        f"\nworkload: {workload.num_requests} requests, {workload.input_tokens:,} prompt tokens, "
+        f"{workload.output_tokens:,} output tokens (temperature {workload.temperature}, EOS ignored)"
+    )
     rows = []
     for r in results:
         ratio = f"{r.tokens_per_second / hf.tokens_per_second:.1f}x" if hf else "-"
-        rows.append([r.system, r.variant, f"{r.output_tokens:,}", f"{r.seconds:.2f}", f"{r.tokens_per_second:,.0f}",
-                     ratio, gib(r.peak_memory) if r.peak_memory is not None else "-", r.kv])
-    print(format_table(["system", "variant", "output tokens", "time s", "tok/s", "vs transformers",
-                        "peak GPU memory", "KV pages x P = tokens"], rows))
+        rows.append(
+            [
+                r.system,
+                r.variant,
+                f"{r.output_tokens:,}",
+                f"{r.seconds:.2f}",
+                f"{r.tokens_per_second:,.0f}",
+                ratio,
+                gib(r.peak_memory) if r.peak_memory is not None else "-",
+                r.kv,
+            ]
+        )
+    print(
+        format_table(
+            [
+                "system",
+                "variant",
+                "output tokens",
+                "time s",
+                "tok/s",
+                "vs transformers",
+                "peak GPU memory",
+                "KV pages x P = tokens",
+            ],
+            rows,
+        )
+    )
     if startups:
-        print("\nmini-sglang start-up, seconds: load = weights; kv_cache = KV pool, page table, attention "
-              "backend; jit_warmup = first eager decode pass and first_request = first prefill + sampling "
-              "(FlashInfer and Triton compile there); graph_capture = the rest of the capture")
-        keys = ["load", "kv_cache", "jit_warmup", "graph_capture", "scheduler", "first_request", "total"]
-        print(format_table(["engine", *keys], [[name, *(f"{s.get(k, 0.0):.1f}" for k in keys)]
-                                               for name, s in startups.items()]))
+        print(
+            "\nmini-sglang start-up, seconds: load = weights; kv_cache = KV pool, page table, attention "
+            "backend; jit_warmup = first eager decode pass and first_request = first prefill + sampling "
+            "(FlashInfer and Triton compile there); graph_capture = the rest of the capture"
+        )
+        keys = [
+            "load",
+            "kv_cache",
+            "jit_warmup",
+            "graph_capture",
+            "scheduler",
+            "first_request",
+            "total",
+        ]
+        print(
+            format_table(
+                ["engine", *keys],
+                [[name, *(f"{s.get(k, 0.0):.1f}" for k in keys)] for name, s in startups.items()],
+            )
+        )
 
 
 def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
-    p.add_argument("--device", default=None, help="default: MINISGL_DEVICE, else CUDA when available")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument(
+        "--device", default=None, help="default: MINISGL_DEVICE, else CUDA when available"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="default: bfloat16 on CUDA, float32 on the CPU",
+    )
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
@@ -235,17 +315,29 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--memory-ratio", type=float, default=0.9)
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None, help="0 disables CUDA graphs (default 256)")
+    p.add_argument(
+        "--cuda-graph-max-bs", type=int, default=None, help="0 disables CUDA graphs (default 256)"
+    )
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
-    p.add_argument("--tp", dest="tp_sizes", type=int, nargs="+", default=[1],
-                   help="tensor-parallel ranks, one GPU each (chapter 16); several values run in turn: --tp 1 2")
+    p.add_argument(
+        "--tp",
+        dest="tp_sizes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="tensor-parallel ranks, one GPU each (chapter 16); several values run in turn: --tp 1 2",
+    )
     p.add_argument("--matrix", action="store_true", help="overlap on/off x radix/naive, four rows")
     p.add_argument("--hf", action="store_true", help="also run transformers' continuous batching")
     p.add_argument("--hf-only", action="store_true")
-    p.add_argument("--hf-attn", default=None, help="attn_implementation for transformers (default: its choice)")
+    p.add_argument(
+        "--hf-attn", default=None, help="attn_implementation for transformers (default: its choice)"
+    )
     args = p.parse_args(argv)
     args.tp = args.tp_sizes[0]  # run_minisgl's; main() runs each of tp_sizes in turn
-    if max(args.tp_sizes) > 1 and args.matrix:  # the other ranks cannot follow a switch of loop made in this one
+    if (
+        max(args.tp_sizes) > 1 and args.matrix
+    ):  # the other ranks cannot follow a switch of loop made in this one
         p.error("--matrix runs one rank only; drop --tp or --matrix")
     device = torch.device(args.device) if args.device else default_device()
     args.dtype = getattr(torch, args.dtype or ("bfloat16" if is_cuda(device) else "float32"))
@@ -254,7 +346,9 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
 
 def main(argv: List[str] | None = None) -> List[RunResult]:
     args = parse_args(argv)
-    workload = nano_vllm_workload(args.num_seqs, input_len=tuple(args.input_len), output_len=tuple(args.output_len))
+    workload = nano_vllm_workload(
+        args.num_seqs, input_len=tuple(args.input_len), output_len=tuple(args.output_len)
+    )
     results: List[RunResult] = []
     startups: Dict[str, Dict[str, float]] = {}
     if args.hf or args.hf_only:
@@ -264,9 +358,13 @@ def main(argv: List[str] | None = None) -> List[RunResult]:
         overlaps = [True, False] if args.matrix else [True]
         for tp in args.tp_sizes:
             for cache in caches:
-                rows, startup = run_minisgl(argparse.Namespace(**{**vars(args), "tp": tp}), workload, cache, overlaps)
+                rows, startup = run_minisgl(
+                    argparse.Namespace(**{**vars(args), "tp": tp}), workload, cache, overlaps
+                )
                 results.extend(rows)
-                startups[f"{cache} cache" + (f", tp={tp}" if len(args.tp_sizes) > 1 else "")] = startup
+                startups[f"{cache} cache" + (f", tp={tp}" if len(args.tp_sizes) > 1 else "")] = (
+                    startup
+                )
     print_report(workload, results, startups)
     return results
 

@@ -82,13 +82,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def poisson_trace(tokenizer, num_requests: int, rate: float, input_len: tuple[int, int],
-                  output_len: tuple[int, int], seed: int) -> List[TimedRequest]:
+def poisson_trace(
+    tokenizer,
+    num_requests: int,
+    rate: float,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    seed: int,
+) -> List[TimedRequest]:
     """The requests of one run; the same seed gives the same prompts and lengths at any rate
     (the arrival gaps come from a second generator, so only they depend on ``rate``)."""
     rng, gaps = random.Random(seed), random.Random(seed + 1)
-    prompts = [tokenizer.decode([rng.randint(0, 10000) for _ in range(rng.randint(*input_len))])
-               for _ in range(num_requests)]
+    prompts = [
+        tokenizer.decode([rng.randint(0, 10000) for _ in range(rng.randint(*input_len))])
+        for _ in range(num_requests)
+    ]
     lengths = [rng.randint(*output_len) for _ in range(num_requests)]
     t, trace = 0.0, []
     for prompt, n in zip(prompts, lengths):
@@ -97,11 +105,19 @@ def poisson_trace(tokenizer, num_requests: int, rate: float, input_len: tuple[in
     return trace
 
 
-async def send_one(http: httpx.AsyncClient, url: str, model: str, req: TimedRequest, start: float,
-                   bar: tqdm) -> RequestResult:
+async def send_one(
+    http: httpx.AsyncClient, url: str, model: str, req: TimedRequest, start: float, bar: tqdm
+) -> RequestResult:
     await asyncio.sleep(max(0.0, start + req.arrival - time.perf_counter()))
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.6,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": req.prompt,
+        "max_tokens": req.max_tokens,
+        "temperature": 0.6,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     res = RequestResult(sent=time.perf_counter())
     try:
         async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -111,7 +127,7 @@ async def send_one(http: httpx.AsyncClient, url: str, model: str, req: TimedRequ
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[len("data: "):])
+                chunk = json.loads(line[len("data: ") :])
                 if "error" in chunk:
                     res.error = chunk["error"]["message"]
                     return res
@@ -128,14 +144,17 @@ async def send_one(http: httpx.AsyncClient, url: str, model: str, req: TimedRequ
     return res
 
 
-async def run_rate(url: str, model: str, trace: List[TimedRequest], rate: float,
-                   desc: str | None = None) -> tuple[List[RequestResult], float]:
+async def run_rate(
+    url: str, model: str, trace: List[TimedRequest], rate: float, desc: str | None = None
+) -> tuple[List[RequestResult], float]:
     """Send the trace; returns the results and the seconds from first send to last reply."""
     limits = httpx.Limits(max_connections=len(trace) + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(3600.0)) as http:
         with tqdm(total=len(trace), desc=desc or f"rate {rate:g} req/s", unit="req") as bar:
             start = time.perf_counter()
-            results = await asyncio.gather(*[send_one(http, url, model, r, start, bar) for r in trace])
+            results = await asyncio.gather(
+                *[send_one(http, url, model, r, start, bar) for r in trace]
+            )
     ends = [r.last for r in results if r.last is not None]
     return results, (max(ends) if ends else time.perf_counter()) - min(r.sent for r in results)
 
@@ -148,8 +167,16 @@ def summarize(rate: float, results: List[RequestResult], seconds: float) -> List
     pct = lambda v: " / ".join(f"{percentile(v, q):,.0f}" if v else "-" for q in (50, 90, 99))  # noqa: E731
     pct1 = lambda v: " / ".join(f"{percentile(v, q):.1f}" if v else "-" for q in (50, 90, 99))  # noqa: E731
     out_tokens = sum(r.output_tokens for r in ok)
-    return [f"{rate:g}", f"{len(ok)}/{len(results)}", f"{seconds:.1f}", f"{out_tokens / seconds:,.0f}",
-            f"{len(ok) / seconds:.2f}", pct(ttft), pct1(tpot), pct1(e2e)]
+    return [
+        f"{rate:g}",
+        f"{len(ok)}/{len(results)}",
+        f"{seconds:.1f}",
+        f"{out_tokens / seconds:,.0f}",
+        f"{len(ok) / seconds:.2f}",
+        pct(ttft),
+        pct1(tpot),
+        pct1(e2e),
+    ]
 
 
 def server_args(args: argparse.Namespace) -> List[str]:
@@ -161,18 +188,25 @@ def server_args(args: argparse.Namespace) -> List[str]:
 
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"),
-                   help="the model folder (its tokenizer makes the prompts; the server serves it)")
+    p.add_argument(
+        "--model",
+        default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"),
+        help="the model folder (its tokenizer makes the prompts; the server serves it)",
+    )
     p.add_argument("--url", default=None, help="a running server (default: start one on loopback)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--rates", type=float, nargs="+", default=[8, 32, 128], help="arrivals per second")
+    p.add_argument(
+        "--rates", type=float, nargs="+", default=[8, 32, 128], help="arrivals per second"
+    )
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, nargs=2, default=[100, 512], metavar=("MIN", "MAX"))
     p.add_argument("--max-running-req", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the server to start")
+    p.add_argument(
+        "--timeout", type=float, default=600, help="seconds to wait for the server to start"
+    )
     args = p.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -192,18 +226,39 @@ def main(argv: List[str] | None = None) -> None:
         asyncio.run(run_rate(url, model, warm, float("inf"), desc="warm-up"))
         rows = []
         for rate in args.rates:
-            trace = poisson_trace(tokenizer, args.num_requests, rate, tuple(args.input_len),
-                                  tuple(args.output_len), args.seed)
+            trace = poisson_trace(
+                tokenizer,
+                args.num_requests,
+                rate,
+                tuple(args.input_len),
+                tuple(args.output_len),
+                args.seed,
+            )
             results, seconds = asyncio.run(run_rate(url, model, trace, rate))
             for r in results:
                 if r.error:
                     print(f"request failed: {r.error}")
             rows.append(summarize(rate, results, seconds))
-        print(f"\n{args.num_requests} requests per rate, input {args.input_len[0]}-{args.input_len[1]} "
-              f"tokens, output {args.output_len[0]}-{args.output_len[1]} tokens (EOS ignored), "
-              f"streamed through /v1/completions")
-        print(format_table(["rate req/s", "ok", "time s", "output tok/s", "req/s",
-                            "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "latency s p50/p90/p99"], rows))
+        print(
+            f"\n{args.num_requests} requests per rate, input {args.input_len[0]}-{args.input_len[1]} "
+            f"tokens, output {args.output_len[0]}-{args.output_len[1]} tokens (EOS ignored), "
+            f"streamed through /v1/completions"
+        )
+        print(
+            format_table(
+                [
+                    "rate req/s",
+                    "ok",
+                    "time s",
+                    "output tok/s",
+                    "req/s",
+                    "TTFT ms p50/p90/p99",
+                    "TPOT ms p50/p90/p99",
+                    "latency s p50/p90/p99",
+                ],
+                rows,
+            )
+        )
     finally:
         if proc is not None:
             stop_server(proc)

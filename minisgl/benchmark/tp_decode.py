@@ -70,7 +70,9 @@ def step_collectives(engine: Engine, bs: int) -> Callable[[], None]:
     mc, tp = engine.config.model_config, engine.config.tp_info.size
     comm = DistributedCommunicator()
     hidden = torch.zeros(bs, mc.hidden_size, dtype=engine.dtype, device=engine.device)
-    logits_t = torch.zeros(div_ceil(mc.vocab_size, tp), bs, dtype=engine.dtype, device=engine.device)
+    logits_t = torch.zeros(
+        div_ceil(mc.vocab_size, tp), bs, dtype=engine.dtype, device=engine.device
+    )
 
     def run() -> None:
         if tp == 1:
@@ -101,7 +103,8 @@ def collectives_off() -> Iterator[None]:
     saved = DistributedCommunicator.all_reduce, DistributedCommunicator.all_gather
     DistributedCommunicator.all_reduce = lambda self, x: x  # type: ignore[method-assign]
     DistributedCommunicator.all_gather = (  # type: ignore[method-assign]
-        lambda self, x: x.repeat(get_tp_info().size, *[1] * (x.dim() - 1)))
+        lambda self, x: x.repeat(get_tp_info().size, *[1] * (x.dim() - 1))
+    )
     try:
         yield
     finally:
@@ -114,8 +117,15 @@ def recapture(engine: Engine) -> None:
     if not old.graph_bs:
         return
     old.destroy()
-    engine.graph_runner = GraphRunner(engine.model, engine.attn_backend, engine.stream, engine.device,
-                                      engine.dummy_req, old.graph_bs, engine.page_table.shape[1])
+    engine.graph_runner = GraphRunner(
+        engine.model,
+        engine.attn_backend,
+        engine.stream,
+        engine.device,
+        engine.dummy_req,
+        old.graph_bs,
+        engine.page_table.shape[1],
+    )
 
 
 def time_steps(engine: Engine, args: argparse.Namespace) -> List[float]:
@@ -138,16 +148,27 @@ def _rank_main(rank: int, args: argparse.Namespace, addr: str) -> None:
     device = "cuda" if args.device == "cuda" else "cpu"
     max_bs = max(args.batch_sizes)
     pages = max_bs * div_ceil(args.context + 2, args.page_size)
-    engine = Engine(EngineConfig(
-        args.model, tp_info=DistributedInfo(rank, args.tp), distributed_addr=addr,
-        dtype=torch.bfloat16 if device == "cuda" else torch.float32, device=device, page_size=args.page_size,
-        max_running_req=max_bs, num_page_override=pages, max_seq_len_override=args.context + 64,
-        attention_backend=args.attention_backend, cuda_graph_bs=tuple(args.batch_sizes),
-    ))
+    engine = Engine(
+        EngineConfig(
+            args.model,
+            tp_info=DistributedInfo(rank, args.tp),
+            distributed_addr=addr,
+            dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+            device=device,
+            page_size=args.page_size,
+            max_running_req=max_bs,
+            num_page_override=pages,
+            max_seq_len_override=args.context + 64,
+            attention_backend=args.attention_backend,
+            cuda_graph_bs=tuple(args.batch_sizes),
+        )
+    )
     with torch.inference_mode():
         graphed = [bs in engine.graph_runner.graphs for bs in args.batch_sizes]
-        alone_ms = [_timed(in_graph(step_collectives(engine, bs), engine.device), engine.device, args.steps)
-                    for bs in args.batch_sizes]
+        alone_ms = [
+            _timed(in_graph(step_collectives(engine, bs), engine.device), engine.device, args.steps)
+            for bs in args.batch_sizes
+        ]
         # both timed steps run recaptured graphs: a recapture alone moved a tp=1 step by ~0.15 ms
         with collectives_off():
             recapture(engine)
@@ -156,12 +177,37 @@ def _rank_main(rank: int, args: argparse.Namespace, addr: str) -> None:
         step_ms = time_steps(engine, args)
     if rank == 0:
         mc = engine.config.model_config
-        print(f"model {args.model}: {mc.num_layers} layers, hidden {mc.hidden_size}, vocab {mc.vocab_size}; "
-              f"tp {args.tp} on {engine.device.type}; {1 + 2 * mc.num_layers} all-reduces and 1 all-gather per step")
-        rows = [[bs, "yes" if g else "no", f"{s:.3f}", f"{n:.3f}", f"{s - n:.3f}", f"{(s - n) / s:.0%}", f"{a:.3f}"]
-                for bs, g, s, n, a in zip(args.batch_sizes, graphed, step_ms, no_comm_ms, alone_ms)]
-        print(format_table(["batch", "graph", "step ms", "no-comm step ms", "comm ms", "share",
-                            "collectives alone ms"], rows), flush=True)
+        print(
+            f"model {args.model}: {mc.num_layers} layers, hidden {mc.hidden_size}, vocab {mc.vocab_size}; "
+            f"tp {args.tp} on {engine.device.type}; {1 + 2 * mc.num_layers} all-reduces and 1 all-gather per step"
+        )
+        rows = [
+            [
+                bs,
+                "yes" if g else "no",
+                f"{s:.3f}",
+                f"{n:.3f}",
+                f"{s - n:.3f}",
+                f"{(s - n) / s:.0%}",
+                f"{a:.3f}",
+            ]
+            for bs, g, s, n, a in zip(args.batch_sizes, graphed, step_ms, no_comm_ms, alone_ms)
+        ]
+        print(
+            format_table(
+                [
+                    "batch",
+                    "graph",
+                    "step ms",
+                    "no-comm step ms",
+                    "comm ms",
+                    "share",
+                    "collectives alone ms",
+                ],
+                rows,
+            ),
+            flush=True,
+        )
     engine.shutdown()
 
 
@@ -169,7 +215,9 @@ def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])
+    p.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"]
+    )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
     p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
     p.add_argument("--steps", type=int, default=50)
@@ -177,9 +225,13 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--attention-backend", default="auto")
     args = p.parse_args(argv)
     if args.device == "cuda" and torch.cuda.device_count() < args.tp:
-        raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs; this machine has {torch.cuda.device_count()}")
+        raise SystemExit(
+            f"--tp {args.tp} needs {args.tp} GPUs; this machine has {torch.cuda.device_count()}"
+        )
     addr = f"file://{new_ipc_dir()}/distributed"
-    mp.start_processes(_rank_main, args=(args, addr), nprocs=args.tp, start_method="spawn", join=True)
+    mp.start_processes(
+        _rank_main, args=(args, addr), nprocs=args.tp, start_method="spawn", join=True
+    )
 
 
 if __name__ == "__main__":

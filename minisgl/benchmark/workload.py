@@ -40,11 +40,16 @@ class OfflineWorkload:
         return sum(self.max_tokens)
 
     def sampling_params(self) -> List[SamplingParams]:
-        return [SamplingParams(temperature=self.temperature, ignore_eos=True, max_tokens=n) for n in self.max_tokens]
+        return [
+            SamplingParams(temperature=self.temperature, ignore_eos=True, max_tokens=n)
+            for n in self.max_tokens
+        ]
 
 
 def nano_vllm_workload(
-    num_seqs: int = 256, input_len: Tuple[int, int] = (100, 1024), output_len: Tuple[int, int] = (100, 1024),
+    num_seqs: int = 256,
+    input_len: Tuple[int, int] = (100, 1024),
+    output_len: Tuple[int, int] = (100, 1024),
     seed: int = 0,
 ) -> OfflineWorkload:
     """nano-vllm's benchmark requests (see the module docstring); deterministic for a seed.
@@ -59,7 +64,9 @@ def nano_vllm_workload(
         if not 1 <= lo <= hi:
             raise ValueError(f"a length range must satisfy 1 <= min <= max, got ({lo}, {hi})")
     rng = random.Random(seed)  # the same stream as random.seed(seed) on the module functions
-    prompts = [[rng.randint(0, 10000) for _ in range(rng.randint(*input_len))] for _ in range(num_seqs)]
+    prompts = [
+        [rng.randint(0, 10000) for _ in range(rng.randint(*input_len))] for _ in range(num_seqs)
+    ]
     max_tokens = [rng.randint(*output_len) for _ in range(num_seqs)]
     return OfflineWorkload(prompts, max_tokens)
 

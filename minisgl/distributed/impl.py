@@ -61,8 +61,14 @@ def init_distributed(
         raise ValueError(f"{tp_info.size} tensor-parallel ranks need an init_method to meet at")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method=init_method, rank=tp_info.rank, world_size=tp_info.size,
-                            timeout=timedelta(seconds=timeout_s), **kwargs)
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=tp_info.rank,
+        world_size=tp_info.size,
+        timeout=timedelta(seconds=timeout_s),
+        **kwargs,
+    )
     if backend == "gloo":
         return dist.group.WORLD  # type: ignore[return-value]
     return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))

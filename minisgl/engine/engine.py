@@ -94,11 +94,18 @@ class Engine:
         self.max_seq_len = min(config.max_seq_len, num_tokens)
         # +1 row for the dummy request; columns rounded to 32 so rows stay 128-byte aligned
         self.ctx.page_table = self.page_table = torch.zeros(
-            (config.max_running_req + 1, align_up(self.max_seq_len, 32)), dtype=torch.int32, device=self.device
+            (config.max_running_req + 1, align_up(self.max_seq_len, 32)),
+            dtype=torch.int32,
+            device=self.device,
         )
         self.dummy_req = Req(
-            input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
-            cached_len=0, output_len=1, uid=-1, sampling_params=SamplingParams(), cache_handle=None,  # type: ignore[arg-type]
+            input_ids=torch.tensor([0], dtype=torch.int32),
+            table_idx=config.max_running_req,
+            cached_len=0,
+            output_len=1,
+            uid=-1,
+            sampling_params=SamplingParams(),
+            cache_handle=None,  # type: ignore[arg-type]
         )
         self.page_table[self.dummy_req.table_idx].fill_(num_tokens)  # the dummy page
 
@@ -111,10 +118,17 @@ class Engine:
         graph_bs: list[int] = []
         moe_ok = not model_config.is_moe or self.ctx.moe_backend.supports_cuda_graph
         if is_cuda(self.device) and self.attn_backend.supports_cuda_graph and moe_ok:
-            graph_bs = determine_graph_bs(config.cuda_graph_bs, config.cuda_graph_max_bs, config.max_running_req)
+            graph_bs = determine_graph_bs(
+                config.cuda_graph_bs, config.cuda_graph_max_bs, config.max_running_req
+            )
         self.graph_runner = GraphRunner(
-            self.model, self.attn_backend, self.stream if is_cuda(self.device) else None,  # type: ignore[arg-type]
-            self.device, self.dummy_req, graph_bs, self.page_table.shape[1],
+            self.model,
+            self.attn_backend,
+            self.stream if is_cuda(self.device) else None,  # type: ignore[arg-type]
+            self.device,
+            self.dummy_req,
+            graph_bs,
+            self.page_table.shape[1],
         )
         t_end = time.perf_counter()
         self.startup_seconds = {
@@ -131,7 +145,11 @@ class Engine:
         if name != "auto":
             return name
         # FlashInfer's kernels exist for fp16/bf16 only: float32 runs use the torch backend
-        if is_cuda(self.device) and "fi" in ATTENTION_BACKENDS and self.dtype in (torch.float16, torch.bfloat16):
+        if (
+            is_cuda(self.device)
+            and "fi" in ATTENTION_BACKENDS
+            and self.dtype in (torch.float16, torch.bfloat16)
+        ):
             try:
                 import flashinfer  # noqa: F401
 
@@ -148,11 +166,16 @@ class Engine:
         """
         cfg, mc = self.config, self.config.model_config
         kv_heads = div_even(mc.num_kv_heads, cfg.tp_info.size, allow_replicate=True)
-        bytes_per_page = 2 * mc.num_layers * cfg.page_size * kv_heads * mc.head_dim * self.dtype.itemsize
+        bytes_per_page = (
+            2 * mc.num_layers * cfg.page_size * kv_heads * mc.head_dim * self.dtype.itemsize
+        )
         if cfg.num_page_override is not None:
             num_pages, how = cfg.num_page_override, "num_page_override"
         elif cfg.kv_memory_cap is not None:
-            num_pages, how = cfg.kv_memory_cap // bytes_per_page, f"kv_memory_cap={cfg.kv_memory_cap / 2**20:.0f} MiB"
+            num_pages, how = (
+                cfg.kv_memory_cap // bytes_per_page,
+                f"kv_memory_cap={cfg.kv_memory_cap / 2**20:.0f} MiB",
+            )
         elif is_cuda(self.device):
             weights = free_before - get_free_memory(self.device)
             budget = int(cfg.memory_ratio * free_before) - weights
@@ -163,7 +186,9 @@ class Engine:
         if self.tp_cpu_group is not None:
             # every rank must schedule the same batches, so all get the smallest pool
             agreed = torch.tensor([num_pages], dtype=torch.int64)
-            torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group)
+            torch.distributed.all_reduce(
+                agreed, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group
+            )
             num_pages = int(agreed.item())
         if num_pages < 2:
             raise ValueError(f"not enough memory for the KV cache ({num_pages} pages from {how})")

@@ -37,7 +37,9 @@ def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.
     return torch.tensor(values, dtype=dtype, pin_memory=pin(device)).to(device, non_blocking=True)
 
 
-def top_k_top_p_filter(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+def top_k_top_p_filter(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     """Set to ``-inf`` the logits outside each row's top-k and outside its top-p nucleus.
 
     ``logits: [B, V]`` float32; ``top_k: [B]`` int (V means off); ``top_p: [B]`` float in
@@ -76,7 +78,9 @@ class Sampler:
         top_ps = [p.top_p for p in params]
         return BatchSamplingArgs(
             temperatures=_to_device(temps, torch.float32, self.device),
-            top_k=_to_device(top_ks, torch.int64, self.device) if min(top_ks) < self.vocab_size else None,
+            top_k=_to_device(top_ks, torch.int64, self.device)
+            if min(top_ks) < self.vocab_size
+            else None,
             top_p=_to_device(top_ps, torch.float32, self.device) if min(top_ps) < 1.0 else None,
             greedy=_to_device([p.is_greedy for p in params], torch.bool, self.device),
         )
@@ -87,7 +91,9 @@ class Sampler:
         if args.temperatures is None:
             return greedy_tokens
         if use_flashinfer(logits):  # CUDA, an fp16/bf16 model, flashinfer installed
-            sampled = fi_ops.sample(logits.float(), args.temperatures, args.top_k, args.top_p, self.generator)
+            sampled = fi_ops.sample(
+                logits.float(), args.temperatures, args.top_k, args.top_p, self.generator
+            )
         else:
             scaled = logits.float() / args.temperatures.unsqueeze(1)
             probs = top_k_top_p_filter(scaled, args.top_k, args.top_p).softmax(dim=-1)

@@ -183,13 +183,21 @@ def use_small_decode_attention(kv: torch.Tensor) -> bool:
     """Whether a decode batch of one or two requests over the KV pool ``kv`` goes to chapter
     19's split-KV Triton kernel (``triton_decode``) instead of FlashInfer's: fp16/bf16 on
     CUDA, Triton allowed, ``MINISGL_DISABLE_FUSED_DECODE`` unset."""
-    return (kv.dtype in _FI_DTYPES and use_triton(kv) and not _fused_decode_disabled()
-            and introduced("triton_decode"))
+    return (
+        kv.dtype in _FI_DTYPES
+        and use_triton(kv)
+        and not _fused_decode_disabled()
+        and introduced("triton_decode")
+    )
 
 
 def norm_linear(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None, swiglu: bool = False,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """``linear(rms_norm(x), weight, bias)`` (then ``silu_and_mul`` when ``swiglu``):
     ``x: [M, K]`` -> ``[M, N]`` (``[M, N/2]``); one Triton kernel on CUDA
@@ -201,7 +209,9 @@ def norm_linear(
     return torch_ops.norm_linear(x, norm_weight, eps, weight, bias, swiglu)
 
 
-def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+def norm_lm_head(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> torch.Tensor:
     """Logits ``linear(rms_norm(x, norm_weight, eps), weight)``: ``x: [M, K]`` (the residual
     stream of a fused decode batch, before the final norm), ``weight: [V, K]`` -> ``[M, V]``.
     One persistent Triton kernel on CUDA (``triton_lm_head.norm_lm_head``) for a hidden size
@@ -215,7 +225,10 @@ def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight:
 
 
 def linear_add_residual_(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: Optional[torch.Tensor] = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``residual += linear(x, weight, bias)`` in place, ``[M, N]``; returns ``residual``.
     One Triton kernel on CUDA (``triton_fused.gemv_add_residual_``)."""
@@ -227,16 +240,36 @@ def linear_add_residual_(
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
-    k_slots: torch.Tensor, v_slots: torch.Tensor, out_loc: torch.Tensor,
-    num_qo_heads: int, num_kv_heads: int, head_dim: int,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
+    eps: float,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    out_loc: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Queries ``[T, H_q, D]`` from ``qkv: [T, (H_q + 2 H_kv) D]`` after the per-head norms
     and RoPE, with k and v stored at ``out_loc`` (see ``torch_ops.qk_norm_rope_store``);
     one Triton kernel on CUDA (``triton_fused.qk_norm_rope_store``)."""
-    args = (qkv, positions, cos_sin_cache, q_norm, k_norm, eps, k_slots, v_slots, out_loc,
-            num_qo_heads, num_kv_heads, head_dim)
+    args = (
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_norm,
+        k_norm,
+        eps,
+        k_slots,
+        v_slots,
+        out_loc,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+    )
     if use_triton(qkv):
         from . import triton_fused
 
@@ -244,7 +277,9 @@ def qk_norm_rope_store(
     return torch_ops.qk_norm_rope_store(*args)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """``x @ weight.T + bias``: ``x: [T, K]``, ``weight: [N, K]``, ``bias: [N]`` -> ``[T, N]``,
     like ``F.linear``. At most ``GEMV_MAX_M`` rows on CUDA times a weight with ``K >= N`` (a
     small decode batch in ``o_proj`` or ``down_proj``) use the Triton GEMV
@@ -257,7 +292,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 
 
 def store_cache(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> None:
     """``k_cache[indices[i]] = k[i]``, same for v (see ``torch_ops.store_cache``)."""
     if use_triton(k) and introduced("triton_store"):

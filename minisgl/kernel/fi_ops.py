@@ -75,8 +75,12 @@ def apply_rotary(
     from flashinfer.rope import apply_rope_with_cos_sin_cache_inplace
 
     apply_rope_with_cos_sin_cache_inplace(
-        positions=positions, query=q, key=k, head_size=q.shape[-1],
-        cos_sin_cache=cos_sin_cache, is_neox=True,
+        positions=positions,
+        query=q,
+        key=k,
+        head_size=q.shape[-1],
+        cos_sin_cache=cos_sin_cache,
+        is_neox=True,
     )
     return q, k
 

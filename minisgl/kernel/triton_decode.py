@@ -42,7 +42,9 @@ from .pdl import launch_options, use_pdl
 from .triton_fused import check_qk_args
 
 BLOCK_T = 64  # tokens per iteration of a program
-NUM_SPLITS = 64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
+NUM_SPLITS = (
+    64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
+)
 NUM_WARPS = 4  # 8 was no faster at batch 1 and slower at batch 2 (H200)
 # The merge: a one-warp program per (request, query head, 32 of the head's dims), whose sums
 # over the chunks stay inside the warp: 1.4 us a layer against 2.1 for a 4-warp program per
@@ -64,7 +66,16 @@ def _chunking(indptr_ptr, last_len_ptr, b, num_splits, PAGE: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _kv_rows(page_ids_ptr, first_page, pos, limit, kv_head, stride_slot, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _kv_rows(
+    page_ids_ptr,
+    first_page,
+    pos,
+    limit,
+    kv_head,
+    stride_slot,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """Where the K/V rows of positions ``pos: [R]`` of one request start in the pool (element
     offsets), and the mask ``pos < limit`` (the page lookups past it read nothing)."""
     mask = pos < limit
@@ -82,7 +93,9 @@ def _load_kv(k_ptr, v_ptr, rows, mask, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _norm_rope(heads, mask, w, w_partner, cos, sin, eps, HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _norm_rope(
+    heads, mask, w, w_partner, cos, sin, eps, HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr
+):
     """Qwen3's per-head RMSNorm (weights ``w``) and RoPE, neox layout, on the rows that
     ``heads: [R]`` point to; returns ``[R, D]`` in their dtype. Rounds where
     ``triton_fused.qk_norm_rope_store`` does. A row's partner element ``(d + D/2) % D``
@@ -95,19 +108,45 @@ def _norm_rope(heads, mask, w, w_partner, cos, sin, eps, HAS_NORM: tl.constexpr,
     if HAS_NORM:
         inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
         x = ((x * inv_rms).to(dtype).to(tl.float32) * w[None, :]).to(dtype).to(tl.float32)
-        x_p = ((x_p * inv_rms).to(dtype).to(tl.float32) * w_partner[None, :]).to(dtype).to(tl.float32)
-    sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)  # first half: x1 cos - x2 sin; second: x2 cos + x1 sin
+        x_p = (
+            ((x_p * inv_rms).to(dtype).to(tl.float32) * w_partner[None, :]).to(dtype).to(tl.float32)
+        )
+    sign = tl.where(
+        offs_d < HEAD_DIM // 2, -1.0, 1.0
+    )  # first half: x1 cos - x2 sin; second: x2 cos + x1 sin
     return (x * cos[None, :] + sign[None, :] * x_p * sin[None, :]).to(dtype)
 
 
 @triton.jit
 def _decode_partial_kernel(
-    q_ptr, k_ptr, v_ptr, indptr_ptr, page_ids_ptr, last_len_ptr, part_o_ptr, part_lse_ptr,
-    pos_ptr, loc_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr,
-    sm_scale, stride_slot, num_splits, stride_q, eps,
-    MAX_ITERS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-    FROM_QKV: tl.constexpr, HAS_QK_NORM: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    indptr_ptr,
+    page_ids_ptr,
+    last_len_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    pos_ptr,
+    loc_ptr,
+    cos_sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    sm_scale,
+    stride_slot,
+    num_splits,
+    stride_q,
+    eps,
+    MAX_ITERS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
+    FROM_QKV: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr,
 ):
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
         tl.extra.cuda.gdc_launch_dependents()
@@ -128,10 +167,14 @@ def _decode_partial_kernel(
     # token's K/V; so is where the last token's K/V go (the index is the host's, copied
     # before the step). Its [BLOCK_G, D] tile repeats one row, so its score is a row sum.
     before_last = tl.minimum(end, seq_len - 1)
-    rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + offs_t, before_last, kv_head, stride_slot, PAGE, HEAD_DIM)
+    rows, t_mask = _kv_rows(
+        page_ids_ptr, first_page, start + offs_t, before_last, kv_head, stride_slot, PAGE, HEAD_DIM
+    )
     k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)
     last = seq_len - 1 + 0 * offs_g
-    last_rows, has_last = _kv_rows(page_ids_ptr, first_page, last, end, kv_head, stride_slot, PAGE, HEAD_DIM)
+    last_rows, has_last = _kv_rows(
+        page_ids_ptr, first_page, last, end, kv_head, stride_slot, PAGE, HEAD_DIM
+    )
     has_last = has_last & (last >= start)  # only the chunk that holds it
     if FROM_QKV:  # this token's angles, the norms' weights and its slot: not the GEMV's either
         half = offs_d % (HEAD_DIM // 2)
@@ -152,7 +195,9 @@ def _decode_partial_kernel(
     q_head = kv_head * GROUP + offs_g  # this KV head's query heads
     if FROM_QKV:  # q from the GEMV's output; this token's K and V too, stored by their chunk
         qkv_row = q_ptr + b.to(tl.int64) * stride_q
-        q = _norm_rope(qkv_row + q_head * HEAD_DIM, g_mask, qw, qw_p, cos, sin, eps, HAS_QK_NORM, HEAD_DIM)
+        q = _norm_rope(
+            qkv_row + q_head * HEAD_DIM, g_mask, qw, qw_p, cos, sin, eps, HAS_QK_NORM, HEAD_DIM
+        )
         k_src = qkv_row + (NUM_KV_HEADS * GROUP + kv_head) * HEAD_DIM + 0 * offs_g
         k_last = _norm_rope(k_src, offs_g < BLOCK_G, kw, kw_p, cos, sin, eps, HAS_QK_NORM, HEAD_DIM)
         v_last = tl.load(k_src[:, None] + NUM_KV_HEADS * HEAD_DIM + offs_d[None, :])
@@ -180,9 +225,19 @@ def _decode_partial_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-            rows, t_mask = _kv_rows(page_ids_ptr, first_page, start + (it + 1) * BLOCK_T + offs_t, before_last,
-                                    kv_head, stride_slot, PAGE, HEAD_DIM)
-            k, v = _load_kv(k_ptr, v_ptr, rows, t_mask, HEAD_DIM)  # the next tile (nothing after the last)
+            rows, t_mask = _kv_rows(
+                page_ids_ptr,
+                first_page,
+                start + (it + 1) * BLOCK_T + offs_t,
+                before_last,
+                kv_head,
+                stride_slot,
+                PAGE,
+                HEAD_DIM,
+            )
+            k, v = _load_kv(
+                k_ptr, v_ptr, rows, t_mask, HEAD_DIM
+            )  # the next tile (nothing after the last)
 
     # the last token, in the chunk that holds it
     s_last = tl.sum(q.to(tl.float32) * k_last.to(tl.float32), axis=1) * sm_scale
@@ -191,33 +246,54 @@ def _decode_partial_kernel(
     alpha = tl.exp(m_i - m_new)
     p_last = tl.exp(s_last - m_new)
     l_i = l_i * alpha + p_last
-    acc = acc * alpha[:, None] + p_last.to(v_last.dtype).to(tl.float32)[:, None] * v_last.to(tl.float32)
+    acc = acc * alpha[:, None] + p_last.to(v_last.dtype).to(tl.float32)[:, None] * v_last.to(
+        tl.float32
+    )
     m_i = m_new
 
     row = (b * NUM_KV_HEADS * GROUP + q_head) * num_splits + split  # [B, H_q, splits] order
     tl.store(part_lse_ptr + row, m_i + tl.log(l_i), mask=g_mask)
-    tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=g_mask[:, None])
+    tl.store(
+        part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+        acc / l_i[:, None],
+        mask=g_mask[:, None],
+    )
 
 
 @triton.jit
 def _decode_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, indptr_ptr, last_len_ptr, num_splits,
-    NUM_QO_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    indptr_ptr,
+    last_len_ptr,
+    num_splits,
+    NUM_QO_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)  # b * H_q + head; program_id(1) picks BLOCK_D of its dims
     if PDL:  # o_proj's GEMV may start loading its weights
         tl.extra.cuda.gdc_launch_dependents()
     # which chunks hold tokens: from the index, written before the step (read before the wait)
-    _, seq_len, chunk = _chunking(indptr_ptr, last_len_ptr, row // NUM_QO_HEADS, num_splits, PAGE, BLOCK_T)
+    _, seq_len, chunk = _chunking(
+        indptr_ptr, last_len_ptr, row // NUM_QO_HEADS, num_splits, PAGE, BLOCK_T
+    )
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     s_mask = offs_s < tl.cdiv(seq_len, chunk)  # the empty chunks' programs wrote nothing
     if PDL:
         tl.extra.cuda.gdc_wait()  # the partials are visible
     lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
-    o = tl.load(part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=s_mask[:, None], other=0.0)
+    o = tl.load(
+        part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )
     weight = tl.exp(lse - tl.max(lse, axis=0))
     out = tl.sum(o * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
@@ -225,9 +301,13 @@ def _decode_merge_kernel(
 
 def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtype) -> None:
     if k_slots.dim() != 3 or v_slots.shape != k_slots.shape:
-        raise ValueError(f"the slots must be [num_slots, H_kv, D], got {tuple(k_slots.shape)} and {tuple(v_slots.shape)}")
+        raise ValueError(
+            f"the slots must be [num_slots, H_kv, D], got {tuple(k_slots.shape)} and {tuple(v_slots.shape)}"
+        )
     if not dtype == k_slots.dtype == v_slots.dtype or not dtype.is_floating_point:
-        raise ValueError(f"q, k_slots and v_slots must share a float dtype, got {dtype}, {k_slots.dtype}, {v_slots.dtype}")
+        raise ValueError(
+            f"q, k_slots and v_slots must share a float dtype, got {dtype}, {k_slots.dtype}, {v_slots.dtype}"
+        )
     head_dim = k_slots.shape[2]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"the head size must be a power of two >= 16, got {head_dim}")
@@ -235,21 +315,44 @@ def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtyp
         raise ValueError("the KV slots must be contiguous")
 
 
-def _check_index(bs: int, kv_indptr: torch.Tensor, kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor,
-                 page_size: int, max_seq_len: int, num_splits: int) -> None:
+def _check_index(
+    bs: int,
+    kv_indptr: torch.Tensor,
+    kv_page_ids: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    page_size: int,
+    max_seq_len: int,
+    num_splits: int,
+) -> None:
     if kv_indptr.shape != (bs + 1,) or kv_last_page_len.shape != (bs,):
-        raise ValueError(f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
-                         f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}")
-    for name, x in (("kv_indptr", kv_indptr), ("kv_page_ids", kv_page_ids), ("kv_last_page_len", kv_last_page_len)):
+        raise ValueError(
+            f"kv_indptr must be [{bs + 1}] and kv_last_page_len [{bs}], "
+            f"got {tuple(kv_indptr.shape)} and {tuple(kv_last_page_len.shape)}"
+        )
+    for name, x in (
+        ("kv_indptr", kv_indptr),
+        ("kv_page_ids", kv_page_ids),
+        ("kv_last_page_len", kv_last_page_len),
+    ):
         if x.dtype not in (torch.int32, torch.int64) or not x.is_contiguous():
             raise ValueError(f"{name} must be a contiguous int32 or int64 tensor, got {x.dtype}")
     if page_size < 1 or max_seq_len < 1 or num_splits < 1:
-        raise ValueError(f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}")
+        raise ValueError(
+            f"page_size, max_seq_len and num_splits must be >= 1, got {page_size}, {max_seq_len}, {num_splits}"
+        )
 
 
 def _launch(
-    q_or_qkv: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, index: tuple, out: torch.Tensor,
-    page_size: int, sm_scale: float, max_seq_len: int, num_splits: int, qkv_args: Optional[tuple] = None,
+    q_or_qkv: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    index: tuple,
+    out: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    max_seq_len: int,
+    num_splits: int,
+    qkv_args: Optional[tuple] = None,
 ) -> torch.Tensor:
     """Both kernels; ``qkv_args = (positions, out_loc, cos_sin_cache, q_norm, k_norm, eps)``
     when ``q_or_qkv`` is the qkv GEMV's output."""
@@ -257,35 +360,77 @@ def _launch(
     num_kv_heads = k_slots.shape[1]
     if bs == 0:
         return out
-    part_o = torch.empty((bs, num_qo_heads, num_splits, head_dim), dtype=torch.float32, device=out.device)
+    part_o = torch.empty(
+        (bs, num_qo_heads, num_splits, head_dim), dtype=torch.float32, device=out.device
+    )
     part_lse = torch.empty((bs, num_qo_heads, num_splits), dtype=torch.float32, device=out.device)
     pdl = use_pdl(out)
     positions, out_loc, cos_sin, q_norm, k_norm, eps = qkv_args or (out, out, out, None, None, 0.0)
     has_norm = q_norm is not None  # check_qk_args: both norms or neither
     group = num_qo_heads // num_kv_heads
     _decode_partial_kernel[(bs, num_kv_heads, num_splits)](
-        q_or_qkv, k_slots, v_slots, *index, part_o, part_lse, positions, out_loc, cos_sin,
-        q_norm if has_norm else out, k_norm if has_norm else out,
-        sm_scale, k_slots.stride(0), num_splits, q_or_qkv.stride(0), eps,
-        MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T), GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, NUM_KV_HEADS=num_kv_heads,
-        PAGE=page_size, BLOCK_T=BLOCK_T, PDL=pdl, FROM_QKV=qkv_args is not None, HAS_QK_NORM=has_norm,
-        num_warps=NUM_WARPS, **launch_options(pdl),
+        q_or_qkv,
+        k_slots,
+        v_slots,
+        *index,
+        part_o,
+        part_lse,
+        positions,
+        out_loc,
+        cos_sin,
+        q_norm if has_norm else out,
+        k_norm if has_norm else out,
+        sm_scale,
+        k_slots.stride(0),
+        num_splits,
+        q_or_qkv.stride(0),
+        eps,
+        MAX_ITERS=triton.cdiv(triton.cdiv(max_seq_len, num_splits), BLOCK_T),
+        GROUP=group,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        NUM_KV_HEADS=num_kv_heads,
+        PAGE=page_size,
+        BLOCK_T=BLOCK_T,
+        PDL=pdl,
+        FROM_QKV=qkv_args is not None,
+        HAS_QK_NORM=has_norm,
+        num_warps=NUM_WARPS,
+        **launch_options(pdl),
     )
     kv_indptr, _, kv_last_page_len = index  # the merge needs only the lengths, to count the chunks
     block_d = min(MERGE_BLOCK_D, head_dim)
     _decode_merge_kernel[(bs * num_qo_heads, head_dim // block_d)](
-        part_o, part_lse, out, kv_indptr, kv_last_page_len, num_splits, NUM_QO_HEADS=num_qo_heads,
-        HEAD_DIM=head_dim, PAGE=page_size, BLOCK_T=BLOCK_T, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d, PDL=pdl, num_warps=MERGE_WARPS, **launch_options(pdl),
+        part_o,
+        part_lse,
+        out,
+        kv_indptr,
+        kv_last_page_len,
+        num_splits,
+        NUM_QO_HEADS=num_qo_heads,
+        HEAD_DIM=head_dim,
+        PAGE=page_size,
+        BLOCK_T=BLOCK_T,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+        PDL=pdl,
+        num_warps=MERGE_WARPS,
+        **launch_options(pdl),
     )
     return out
 
 
 def decode_attention(
-    q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor, kv_indptr: torch.Tensor,
-    kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int, sm_scale: float,
-    max_seq_len: int, num_splits: int = NUM_SPLITS,
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_page_ids: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    max_seq_len: int,
+    num_splits: int = NUM_SPLITS,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context.
 
@@ -312,17 +457,41 @@ def decode_attention(
     bs, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_slots.shape[1]
     if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
-        raise ValueError(f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree")
+        raise ValueError(
+            f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree"
+        )
     _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
-    return _launch(q, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), torch.empty_like(q),
-                   page_size, sm_scale, max_seq_len, num_splits)
+    return _launch(
+        q,
+        k_slots,
+        v_slots,
+        (kv_indptr, kv_page_ids, kv_last_page_len),
+        torch.empty_like(q),
+        page_size,
+        sm_scale,
+        max_seq_len,
+        num_splits,
+    )
 
 
 def decode_attention_qkv(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, q_norm: Optional[torch.Tensor],
-    k_norm: Optional[torch.Tensor], eps: float, k_slots: torch.Tensor, v_slots: torch.Tensor,
-    out_loc: torch.Tensor, kv_indptr: torch.Tensor, kv_page_ids: torch.Tensor, kv_last_page_len: torch.Tensor,
-    page_size: int, sm_scale: float, max_seq_len: int, num_qo_heads: int, num_splits: int = NUM_SPLITS,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
+    eps: float,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    out_loc: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_page_ids: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    max_seq_len: int,
+    num_qo_heads: int,
+    num_splits: int = NUM_SPLITS,
 ) -> torch.Tensor:
     """``qk_norm_rope_store`` and ``decode_attention`` in two kernels instead of three,
     straight from the qkv GEMV's output (the fused decode path's attention).
@@ -344,12 +513,27 @@ def decode_attention_qkv(
     num_kv_heads, head_dim = k_slots.shape[1:]
     width = (num_qo_heads + 2 * num_kv_heads) * head_dim
     if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
-        raise ValueError(f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
-                         f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}")
+        raise ValueError(
+            f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
+            f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}"
+        )
     check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
     _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
     out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    norms = (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous()) if q_norm is not None else (None, None)
-    return _launch(qkv, k_slots, v_slots, (kv_indptr, kv_page_ids, kv_last_page_len), out, page_size, sm_scale,
-                   max_seq_len, num_splits, qkv_args=(positions.contiguous(), out_loc.contiguous(), cos_sin_cache,
-                                                      *norms, eps))
+    norms = (
+        (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous())
+        if q_norm is not None
+        else (None, None)
+    )
+    return _launch(
+        qkv,
+        k_slots,
+        v_slots,
+        (kv_indptr, kv_page_ids, kv_last_page_len),
+        out,
+        page_size,
+        sm_scale,
+        max_seq_len,
+        num_splits,
+        qkv_args=(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps),
+    )

@@ -113,10 +113,27 @@ def _load_weight_tile(w_rows, up_rows, k0, offs_k, n_mask, K: tl.constexpr, SWIG
 
 @triton.jit
 def _fused_gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, norm_w_ptr, res_ptr, out_ptr,
-    M, N, stride_xm, stride_wn, stride_rm, stride_om, eps,
-    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    norm_w_ptr,
+    res_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_wn,
+    stride_rm,
+    stride_om,
+    eps,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     dtype = x_ptr.dtype.element_ty
@@ -171,7 +188,9 @@ def _fused_gemv_kernel(
         # the next tile of each (masked off, reading nothing, after the last)
         k_next = k0 + BLOCK_K + offs_k
         w, w_up = _load_weight_tile(w_rows, up_rows, k0 + BLOCK_K, offs_k, n_mask, K, SWIGLU)
-        x = tl.load(x_rows + k_next[None, :], mask=m_mask[:, None] & (k_next < K)[None, :], other=0.0)
+        x = tl.load(
+            x_rows + k_next[None, :], mask=m_mask[:, None] & (k_next < K)[None, :], other=0.0
+        )
         if NORM:
             norm_w = tl.load(norm_w_ptr + k_next, mask=k_next < K, other=0.0).to(tl.float32)
     y = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
@@ -189,7 +208,9 @@ def _fused_gemv_kernel(
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], y.to(dtype), mask=out_mask)
 
 
-def _check_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> None:
+def _check_gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int
+) -> None:
     """``triton_gemv``'s checks, and a float dtype (the epilogues round to it)."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"x must be fp16, bf16 or float32, got {x.dtype}")
@@ -197,9 +218,17 @@ def _check_gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], out: torch.Tensor, n: int, *,
-    norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, swiglu: bool = False,
-    residual: Optional[torch.Tensor] = None, config: Optional[FusedGemvConfig] = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    n: int,
+    *,
+    norm_weight: Optional[torch.Tensor] = None,
+    eps: float = 0.0,
+    swiglu: bool = False,
+    residual: Optional[torch.Tensor] = None,
+    config: Optional[FusedGemvConfig] = None,
 ) -> None:
     m, k = x.shape
     if m == 0 or n == 0:
@@ -209,19 +238,41 @@ def _launch(
     if cfg.block_m < m:
         raise ValueError(f"config.block_m={cfg.block_m} is smaller than M={m}")
     _fused_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x, weight, bias if bias is not None else x, norm_weight if norm_weight is not None else x,
-        residual if residual is not None else out, out,
-        m, n, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
-        out.stride(0), eps,
-        K=k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NORM=norm_weight is not None, SWIGLU=swiglu, ADD_RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, PDL=pdl, num_warps=cfg.num_warps, **launch_options(pdl),
+        x,
+        weight,
+        bias if bias is not None else x,
+        norm_weight if norm_weight is not None else x,
+        residual if residual is not None else out,
+        out,
+        m,
+        n,
+        x.stride(0),
+        weight.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        eps,
+        K=k,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        NORM=norm_weight is not None,
+        SWIGLU=swiglu,
+        ADD_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
+        PDL=pdl,
+        num_warps=cfg.num_warps,
+        **launch_options(pdl),
     )
 
 
 def norm_gemv(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None, swiglu: bool = False, config: Optional[FusedGemvConfig] = None,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    swiglu: bool = False,
+    config: Optional[FusedGemvConfig] = None,
 ) -> torch.Tensor:
     """``linear(rms_norm(x, norm_weight, eps), weight, bias)`` in one kernel.
 
@@ -233,18 +284,33 @@ def norm_gemv(
     """
     _check_gemv(x, weight, bias, weight.shape[0])
     if norm_weight.shape != (x.shape[1],) or not norm_weight.is_contiguous():
-        raise ValueError(f"norm_weight must be a contiguous [{x.shape[1]}], got {tuple(norm_weight.shape)}")
+        raise ValueError(
+            f"norm_weight must be a contiguous [{x.shape[1]}], got {tuple(norm_weight.shape)}"
+        )
     n = weight.shape[0]
     if swiglu and n % 2:
         raise ValueError(f"a [gate | up] weight has an even number of rows, got {n}")
     n = n // 2 if swiglu else n
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
-    _launch(x, weight, bias, out, n, norm_weight=norm_weight.to(x.dtype), eps=eps, swiglu=swiglu, config=config)
+    _launch(
+        x,
+        weight,
+        bias,
+        out,
+        n,
+        norm_weight=norm_weight.to(x.dtype),
+        eps=eps,
+        swiglu=swiglu,
+        config=config,
+    )
     return out
 
 
 def gemv_add_residual_(
-    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: Optional[torch.Tensor] = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
     config: Optional[FusedGemvConfig] = None,
 ) -> torch.Tensor:
     """``residual += linear(x, weight, bias)``, in place, in one kernel; returns ``residual``.
@@ -255,8 +321,10 @@ def gemv_add_residual_(
     """
     _check_gemv(x, weight, bias, weight.shape[0])
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:
-        raise ValueError(f"residual must be [{x.shape[0]}, {weight.shape[0]}] in {x.dtype}, "
-                         f"got {tuple(residual.shape)} in {residual.dtype}")
+        raise ValueError(
+            f"residual must be [{x.shape[0]}, {weight.shape[0]}] in {x.dtype}, "
+            f"got {tuple(residual.shape)} in {residual.dtype}"
+        )
     if residual.stride(1) != 1:
         raise ValueError("the residual's rows must be contiguous")
     _launch(x, weight, bias, residual, weight.shape[0], residual=residual, config=config)
@@ -264,8 +332,13 @@ def gemv_add_residual_(
 
 
 def check_qk_args(
-    t: int, head_dim: int, positions: torch.Tensor, out_loc: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor],
+    t: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
 ) -> None:
     """The checks of what both q/k kernels take besides qkv (``qk_norm_rope_store`` here,
     ``triton_decode.decode_attention_qkv``): ``positions``, ``out_loc: [T]`` integers, the
@@ -278,19 +351,40 @@ def check_qk_args(
     if (q_norm is None) != (k_norm is None):
         raise ValueError("q_norm and k_norm go together: give both or neither")
     if q_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
-        raise ValueError(f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}")
-    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim \
-            or not cos_sin_cache.is_contiguous():
-        raise ValueError(f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}], "
-                         f"got {tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}")
+        raise ValueError(
+            f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}"
+        )
+    if (
+        cos_sin_cache.dtype != torch.float32
+        or cos_sin_cache.dim() != 2
+        or cos_sin_cache.shape[1] != head_dim
+        or not cos_sin_cache.is_contiguous()
+    ):
+        raise ValueError(
+            f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}], "
+            f"got {tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}"
+        )
 
 
 @triton.jit
 def _qk_norm_rope_store_kernel(
-    qkv_ptr, q_out_ptr, k_slots_ptr, v_slots_ptr, loc_ptr, pos_ptr, cos_sin_ptr,
-    q_norm_ptr, k_norm_ptr, stride_qkv, stride_slot, eps,
-    NUM_QO_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    HAS_QK_NORM: tl.constexpr, PDL: tl.constexpr,
+    qkv_ptr,
+    q_out_ptr,
+    k_slots_ptr,
+    v_slots_ptr,
+    loc_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    stride_qkv,
+    stride_slot,
+    eps,
+    NUM_QO_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_QK_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     dtype = qkv_ptr.dtype.element_ty
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
@@ -305,8 +399,11 @@ def _qk_norm_rope_store_kernel(
     if HAS_QK_NORM:  # q's or k's weights (both are a few hundred bytes in cache)
         is_q = head < NUM_QO_HEADS
         w1 = tl.where(is_q, tl.load(q_norm_ptr + half), tl.load(k_norm_ptr + half)).to(tl.float32)
-        w2 = tl.where(is_q, tl.load(q_norm_ptr + HEAD_DIM // 2 + half),
-                      tl.load(k_norm_ptr + HEAD_DIM // 2 + half)).to(tl.float32)
+        w2 = tl.where(
+            is_q,
+            tl.load(q_norm_ptr + HEAD_DIM // 2 + half),
+            tl.load(k_norm_ptr + HEAD_DIM // 2 + half),
+        ).to(tl.float32)
     slot = tl.load(loc_ptr + token).to(tl.int64)  # where this token's K/V go
     if PDL:
         tl.extra.cuda.gdc_wait()  # qkv, written by the GEMV before, is visible
@@ -335,10 +432,18 @@ def _qk_norm_rope_store_kernel(
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
-    k_slots: torch.Tensor, v_slots: torch.Tensor, out_loc: torch.Tensor,
-    num_qo_heads: int, num_kv_heads: int, head_dim: int,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
+    eps: float,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    out_loc: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Split ``qkv: [T, (H_q + 2 H_kv) D]``, RMS-normalise q and k per head (when
     ``q_norm, k_norm: [D]`` are given), rotate them (``cos_sin_cache: [max_pos, D]`` float32,
@@ -348,27 +453,56 @@ def qk_norm_rope_store(
     Raises ValueError on shapes that disagree or a head size that is not a power of two.
     """
     t = qkv.shape[0]
-    if qkv.dim() != 2 or qkv.shape[1] != (num_qo_heads + 2 * num_kv_heads) * head_dim or qkv.stride(1) != 1:
-        raise ValueError(f"qkv must be [T, {(num_qo_heads + 2 * num_kv_heads) * head_dim}] with "
-                         f"contiguous rows, got {tuple(qkv.shape)}")
+    if (
+        qkv.dim() != 2
+        or qkv.shape[1] != (num_qo_heads + 2 * num_kv_heads) * head_dim
+        or qkv.stride(1) != 1
+    ):
+        raise ValueError(
+            f"qkv must be [T, {(num_qo_heads + 2 * num_kv_heads) * head_dim}] with "
+            f"contiguous rows, got {tuple(qkv.shape)}"
+        )
     if head_dim & (head_dim - 1) or head_dim < 2:
         raise ValueError(f"the head size must be a power of two, got {head_dim}")
-    if k_slots.shape[1:] != (num_kv_heads, head_dim) or not (k_slots.is_contiguous() and v_slots.is_contiguous()):
-        raise ValueError(f"the KV slots must be contiguous [num_slots, {num_kv_heads}, {head_dim}], "
-                         f"got {tuple(k_slots.shape)}")
-    if v_slots.shape != k_slots.shape or v_slots.dtype != k_slots.dtype or k_slots.dtype != qkv.dtype:
-        raise ValueError(f"k_slots {tuple(k_slots.shape)} {k_slots.dtype}, v_slots {tuple(v_slots.shape)} "
-                         f"{v_slots.dtype} and qkv {qkv.dtype} must agree")
+    if k_slots.shape[1:] != (num_kv_heads, head_dim) or not (
+        k_slots.is_contiguous() and v_slots.is_contiguous()
+    ):
+        raise ValueError(
+            f"the KV slots must be contiguous [num_slots, {num_kv_heads}, {head_dim}], "
+            f"got {tuple(k_slots.shape)}"
+        )
+    if (
+        v_slots.shape != k_slots.shape
+        or v_slots.dtype != k_slots.dtype
+        or k_slots.dtype != qkv.dtype
+    ):
+        raise ValueError(
+            f"k_slots {tuple(k_slots.shape)} {k_slots.dtype}, v_slots {tuple(v_slots.shape)} "
+            f"{v_slots.dtype} and qkv {qkv.dtype} must agree"
+        )
     check_qk_args(t, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
     q = torch.empty((t, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
     has_norm, pdl = q_norm is not None, use_pdl(qkv)
     _qk_norm_rope_store_kernel[(t, num_qo_heads + num_kv_heads)](
-        qkv, q, k_slots, v_slots, out_loc.contiguous(), positions.contiguous(), cos_sin_cache,
-        q_norm.to(qkv.dtype).contiguous() if has_norm else qkv, k_norm.to(qkv.dtype).contiguous() if has_norm else qkv,
-        qkv.stride(0), k_slots.stride(0), eps,
-        NUM_QO_HEADS=num_qo_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HAS_QK_NORM=has_norm,
-        PDL=pdl, **launch_options(pdl),
+        qkv,
+        q,
+        k_slots,
+        v_slots,
+        out_loc.contiguous(),
+        positions.contiguous(),
+        cos_sin_cache,
+        q_norm.to(qkv.dtype).contiguous() if has_norm else qkv,
+        k_norm.to(qkv.dtype).contiguous() if has_norm else qkv,
+        qkv.stride(0),
+        k_slots.stride(0),
+        eps,
+        NUM_QO_HEADS=num_qo_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        HAS_QK_NORM=has_norm,
+        PDL=pdl,
+        **launch_options(pdl),
     )
     return q

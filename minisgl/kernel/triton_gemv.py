@@ -97,12 +97,24 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemvConfig:
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, stride_xm, stride_wn, stride_om, stride_split,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_split,
     K: tl.constexpr,  # compile-time, like triton_moe's K: a model has a handful of Ks
-    K_PER_SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -142,8 +154,15 @@ def _gemv_kernel(
 
 @triton.jit
 def _splitk_reduce_kernel(
-    part_ptr, bias_ptr, out_ptr, N, stride_split, stride_om,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+    part_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    stride_split,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -161,7 +180,9 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def check_gemv_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int) -> None:
+def check_gemv_args(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int
+) -> None:
     """What a GEMV assumes of ``x: [M, K]``, ``weight: [N, K]`` and ``bias: [rows]`` (``rows``
     is N, or the bias length a caller expects): shapes, one dtype, contiguous rows.
 
@@ -169,18 +190,24 @@ def check_gemv_args(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.
         ValueError: naming the first assumption that fails.
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
     if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
         raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
-                         f"bias {None if bias is None else bias.dtype}")
+        raise ValueError(
+            f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
+            f"bias {None if bias is None else bias.dtype}"
+        )
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("the rows of x and weight must be contiguous")
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
     config: Optional[GemvConfig] = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for a few rows: ``x: [M, K]``, ``weight: [N, K]``, ``bias: [N]``
@@ -216,17 +243,37 @@ def gemv(
     target = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if partial else out
     grid = (triton.cdiv(n, config.block_n), split_k)
     _gemv_kernel[grid](
-        x, weight, bias if bias is not None else x, target,
-        m, n, x.stride(0), weight.stride(0), n, m * n,
-        K=k, K_PER_SPLIT=k_per_split, EVEN_K=even_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        HAS_BIAS=bias is not None and not partial, PARTIAL=partial,
+        x,
+        weight,
+        bias if bias is not None else x,
+        target,
+        m,
+        n,
+        x.stride(0),
+        weight.stride(0),
+        n,
+        m * n,
+        K=k,
+        K_PER_SPLIT=k_per_split,
+        EVEN_K=even_k,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        HAS_BIAS=bias is not None and not partial,
+        PARTIAL=partial,
         num_warps=config.num_warps,
     )
     if partial:
         block = min(1024, triton.next_power_of_2(n))
         _splitk_reduce_kernel[(m, triton.cdiv(n, block))](
-            target, bias if bias is not None else x, out, n, m * n, n,
-            SPLIT_K=split_k, BLOCK=block, HAS_BIAS=bias is not None,
+            target,
+            bias if bias is not None else x,
+            out,
+            n,
+            m * n,
+            n,
+            SPLIT_K=split_k,
+            BLOCK=block,
+            HAS_BIAS=bias is not None,
         )
     return out

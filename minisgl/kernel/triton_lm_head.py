@@ -68,17 +68,33 @@ def lm_head_config(n: int, num_sms: int) -> LMHeadConfig:
 
 @triton.jit
 def _norm_lm_head_kernel(
-    x_ptr, norm_w_ptr, w_ptr, out_ptr, M, N, stride_xm, stride_wn, stride_om, eps,
-    K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ITERS: tl.constexpr, STAGES: tl.constexpr,
+    x_ptr,
+    norm_w_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    eps,
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ITERS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     dtype = x_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask, k_mask = offs_m < M, offs_k < K
     norm_w = tl.load(norm_w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+        mask=m_mask[:, None] & k_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / K + eps)
     x = (x * inv_rms[:, None]).to(dtype).to(tl.float32)  # rounded where the unfused norm writes it
     x = (x * norm_w[None, :]).to(dtype).to(tl.float32)  # [BLOCK_M, BLOCK_K]
@@ -90,14 +106,22 @@ def _norm_lm_head_kernel(
     for i in tl.range(0, ITERS, num_stages=STAGES):
         offs_n = first + i * stride
         n_mask = offs_n < N
-        w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(
+            w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+            mask=n_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
         logits = tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_M, BLOCK_N]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], logits.to(dtype),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        tl.store(
+            out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+            logits.to(dtype),
+            mask=m_mask[:, None] & n_mask[None, :],
+        )
 
 
-def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+def norm_lm_head(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> torch.Tensor:
     """Logits ``linear(rms_norm(x, norm_weight, eps), weight)`` in one kernel.
 
     ``x: [M, K]`` (one or two rows of the residual stream, before the final norm),
@@ -118,11 +142,29 @@ def norm_lm_head(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else INTERPRETER_SMS
+    sms = (
+        torch.cuda.get_device_properties(x.device).multi_processor_count
+        if x.is_cuda
+        else INTERPRETER_SMS
+    )
     cfg = lm_head_config(n, sms)
     _norm_lm_head_kernel[(cfg.programs,)](
-        x, norm_weight.to(x.dtype), weight, out, m, n, x.stride(0), weight.stride(0), out.stride(0), eps,
-        K=k, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=triton.next_power_of_2(k),
-        ITERS=cfg.iters, STAGES=cfg.stages, num_warps=cfg.num_warps,
+        x,
+        norm_weight.to(x.dtype),
+        weight,
+        out,
+        m,
+        n,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        eps,
+        K=k,
+        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=triton.next_power_of_2(k),
+        ITERS=cfg.iters,
+        STAGES=cfg.stages,
+        num_warps=cfg.num_warps,
     )
     return out

@@ -33,14 +33,30 @@ import triton.language as tl
 
 @triton.jit
 def fused_moe_kernel(
-    a_ptr, b_ptr, c_ptr, topk_weights_ptr,
-    sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    N, num_valid_tokens,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    topk_weights_ptr,
+    sorted_token_ids_ptr,
+    expert_ids_ptr,
+    num_tokens_post_padded_ptr,
+    N,
+    num_valid_tokens,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
     K: tl.constexpr,  # compile-time: a model has two Ks (H, I); also, Triton 3.6's interpreter
     # cannot loop over a runtime bound under NumPy 2
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    MUL_ROUTED_WEIGHT: tl.constexpr, top_k: tl.constexpr, IEEE_FP32: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    top_k: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -102,16 +118,36 @@ def fused_moe_kernel_triton(
     """
     num_slots = topk_weights.numel()
     if B.shape[2] != A.shape[1] or C.shape != (num_slots, B.shape[1]):
-        raise ValueError(f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} do not fit "
-                         f"{num_slots} slots")
+        raise ValueError(
+            f"A {tuple(A.shape)}, B {tuple(B.shape)}, C {tuple(C.shape)} do not fit "
+            f"{num_slots} slots"
+        )
     if not topk_weights.is_contiguous():
         raise ValueError("topk_weights must be contiguous: it is indexed by slot")
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     grid = (triton.cdiv(sorted_token_ids.shape[0], bm), triton.cdiv(B.shape[1], bn))
     fused_moe_kernel[grid](
-        A, B, C, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
-        B.shape[1], num_slots,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1), B.stride(2), C.stride(0), C.stride(1),
-        K=B.shape[2], BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-        MUL_ROUTED_WEIGHT=mul_routed_weight, top_k=top_k, IEEE_FP32=A.dtype == torch.float32,
+        A,
+        B,
+        C,
+        topk_weights,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_padded,
+        B.shape[1],
+        num_slots,
+        A.stride(0),
+        A.stride(1),
+        B.stride(0),
+        B.stride(1),
+        B.stride(2),
+        C.stride(0),
+        C.stride(1),
+        K=B.shape[2],
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        BLOCK_SIZE_K=bk,
+        MUL_ROUTED_WEIGHT=mul_routed_weight,
+        top_k=top_k,
+        IEEE_FP32=A.dtype == torch.float32,
     )

@@ -25,9 +25,16 @@ import triton.language as tl
 
 @triton.jit
 def _store_kv_kernel(
-    k_cache_ptr, v_cache_ptr, loc_ptr, k_ptr, v_ptr,
-    k_row_stride, v_row_stride, cache_row_stride,
-    ROW: tl.constexpr, BLOCK: tl.constexpr,
+    k_cache_ptr,
+    v_cache_ptr,
+    loc_ptr,
+    k_ptr,
+    v_ptr,
+    k_row_stride,
+    v_row_stride,
+    cache_row_stride,
+    ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(loc_ptr + token).to(tl.int64)
@@ -41,8 +48,12 @@ def _store_kv_kernel(
 
 @triton.jit
 def _gather_rows_kernel(
-    out_ptr, weight_ptr, ids_ptr, weight_row_stride,
-    HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
+    out_ptr,
+    weight_ptr,
+    ids_ptr,
+    weight_row_stride,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -61,8 +72,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def store_cache(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor,
-    k: torch.Tensor, v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
 ) -> None:
     """``k_cache[indices[i]] = k[i]`` and the same for v, in one kernel launch.
 
@@ -74,8 +88,10 @@ def store_cache(
         ValueError: when shapes or dtypes disagree.
     """
     if k.shape != v.shape or k.shape[1:] != k_cache.shape[1:] or k_cache.shape != v_cache.shape:
-        raise ValueError(f"k, v must be [T, H_kv, D] matching the cache {tuple(k_cache.shape)}, got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k, v must be [T, H_kv, D] matching the cache {tuple(k_cache.shape)}, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
         raise ValueError(f"dtype mismatch: cache {k_cache.dtype}, k {k.dtype}, v {v.dtype}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
@@ -86,9 +102,16 @@ def store_cache(
     k_rows, v_rows = _rows(k), _rows(v)
     row = k_rows.shape[1]
     _store_kv_kernel[(num_tokens,)](
-        k_cache, v_cache, indices.contiguous(), k_rows, v_rows,
-        k_rows.stride(0), v_rows.stride(0), row,
-        ROW=row, BLOCK=triton.next_power_of_2(row),
+        k_cache,
+        v_cache,
+        indices.contiguous(),
+        k_rows,
+        v_rows,
+        k_rows.stride(0),
+        v_rows.stride(0),
+        row,
+        ROW=row,
+        BLOCK=triton.next_power_of_2(row),
     )
 
 
@@ -106,5 +129,7 @@ def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return out
     block = min(triton.next_power_of_2(hidden), 4096)
     grid = (num_tokens, triton.cdiv(hidden, block))
-    _gather_rows_kernel[grid](out, weight, ids.contiguous(), weight.stride(0), HIDDEN=hidden, BLOCK=block)
+    _gather_rows_kernel[grid](
+        out, weight, ids.contiguous(), weight.stride(0), HIDDEN=hidden, BLOCK=block
+    )
     return out

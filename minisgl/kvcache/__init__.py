@@ -44,12 +44,20 @@ def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> 
 
 
 def create_kvcache_pool(
-    model_config: ModelConfig, num_pages: int, page_size: int, device: torch.device, dtype: torch.dtype
+    model_config: ModelConfig,
+    num_pages: int,
+    page_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> MHAKVCache:
     return MHAKVCache(
-        num_kv_heads=model_config.num_kv_heads, num_layers=model_config.num_layers,
-        head_dim=model_config.head_dim, num_pages=num_pages, page_size=page_size,
-        dtype=dtype, device=device,
+        num_kv_heads=model_config.num_kv_heads,
+        num_layers=model_config.num_layers,
+        head_dim=model_config.head_dim,
+        num_pages=num_pages,
+        page_size=page_size,
+        dtype=dtype,
+        device=device,
     )
 
 

@@ -22,7 +22,9 @@ class BaseKVCachePool(ABC):
     def v_cache(self, layer_id: int) -> torch.Tensor: ...
 
     @abstractmethod
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None: ...
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None: ...
 
     @property
     @abstractmethod

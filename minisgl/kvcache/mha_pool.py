@@ -19,12 +19,20 @@ from .base import BaseKVCachePool
 
 class MHAKVCache(BaseKVCachePool):
     def __init__(
-        self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int,
-        page_size: int, dtype: torch.dtype, device: torch.device,
+        self,
+        num_kv_heads: int,
+        num_layers: int,
+        head_dim: int,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         local_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
         self._kv_buffer = torch.zeros(
-            (2, num_layers, num_pages, page_size, local_kv_heads, head_dim), dtype=dtype, device=device
+            (2, num_layers, num_pages, page_size, local_kv_heads, head_dim),
+            dtype=dtype,
+            device=device,
         )
         self._num_layers = num_layers
         self._slot_shape = (num_pages * page_size, local_kv_heads, head_dim)
@@ -43,7 +51,9 @@ class MHAKVCache(BaseKVCachePool):
     def v_slots(self, layer_id: int) -> torch.Tensor:
         return self._kv_buffer[1, layer_id].view(self._slot_shape)
 
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None:
         """Write ``k, v: [T, H_kv, D]`` to slots ``out_loc: [T]`` of layer ``layer_id``."""
         store_cache(self.k_slots(layer_id), self.v_slots(layer_id), out_loc, k, v)
 

@@ -46,8 +46,11 @@ class AttentionLayer(StateLessOP):
         self.num_qo_heads = div_even(num_qo_heads, tp)
         self.num_kv_heads = div_even(num_kv_heads, tp, allow_replicate=True)
         self.rotary = RotaryEmbedding(
-            head_dim, rotary_config.rotary_dim, rotary_config.max_position,
-            rotary_config.base, rotary_config.scaling,
+            head_dim,
+            rotary_config.rotary_dim,
+            rotary_config.max_position,
+            rotary_config.base,
+            rotary_config.scaling,
         )
         self._q_norm = q_norm  # owned (and loaded) by the model's attention block
         self._k_norm = k_norm
@@ -75,8 +78,12 @@ class AttentionLayer(StateLessOP):
         has_norm = self._q_norm is not None and self._k_norm is not None
         qk = QKNormRope(
             self.rotary.cos_sin_cache(qkv.device),
-            self._q_norm.weight if has_norm else None, self._k_norm.weight if has_norm else None,
-            self._q_norm.eps if has_norm else 0.0, self.num_qo_heads, self.num_kv_heads, self.head_dim,
+            self._q_norm.weight if has_norm else None,
+            self._k_norm.weight if has_norm else None,
+            self._q_norm.eps if has_norm else 0.0,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
         )
         o = ctx.attn_backend.forward_qkv(qkv, qk, self.layer_id, ctx.batch)
         return o.reshape(-1, self.num_qo_heads * self.head_dim)

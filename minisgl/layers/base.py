@@ -42,7 +42,9 @@ class BaseOP:
                 value.state_dict(prefix=_join(prefix, name), result=result)
         return result
 
-    def load_state_dict(self, state_dict: StateDict, *, prefix: str = "", _root: bool = True) -> None:
+    def load_state_dict(
+        self, state_dict: StateDict, *, prefix: str = "", _root: bool = True
+    ) -> None:
         """Replace every weight by the tensor of the same name, consuming ``state_dict``.
 
         Raises:

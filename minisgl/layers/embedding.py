@@ -29,7 +29,9 @@ class VocabParallelEmbedding(BaseOP):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         tp = get_tp_info()
         self.num_embeddings = num_embeddings
-        self._vocab_start, self._vocab_end, self.num_embeddings_tp = vocab_range(num_embeddings, tp.rank, tp.size)
+        self._vocab_start, self._vocab_end, self.num_embeddings_tp = vocab_range(
+            num_embeddings, tp.rank, tp.size
+        )
         self._tp_size = tp.size
         self._comm = DistributedCommunicator()
         self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
@@ -61,10 +63,16 @@ class ParallelLMHead(VocabParallelEmbedding):
         if self._tp_size > 1:
             # gather along dim 0 (the collective's), then cut the padding rows' logits off;
             # contiguous again, since FlashInfer's sampling kernels take only contiguous logits
-            logits = self._comm.all_gather(logits.T.contiguous()).T[:, : self.num_embeddings].contiguous()
+            logits = (
+                self._comm.all_gather(logits.T.contiguous())
+                .T[:, : self.num_embeddings]
+                .contiguous()
+            )
         return logits
 
-    def forward_with_norm(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward_with_norm(
+        self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
         """``forward(rms_norm(x, norm_weight, eps))`` on one rank, with the norm inside the
         LM head's kernel (``kernel.norm_lm_head``): the fused decode path of chapter 19,
         whose ``x`` is the residual stream before the model's final norm."""

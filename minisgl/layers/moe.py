@@ -56,7 +56,12 @@ class MoELayer(BaseOP):
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         out = get_global_ctx().moe_backend.forward(
-            hidden_states, self.gate_up_proj, self.down_proj, router_logits,
-            self.top_k, self.renormalize, self.activation,
+            hidden_states,
+            self.gate_up_proj,
+            self.down_proj,
+            router_logits,
+            self.top_k,
+            self.renormalize,
+            self.activation,
         )
         return self._comm.all_reduce(out) if self._tp_size > 1 else out

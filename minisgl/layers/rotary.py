@@ -37,7 +37,10 @@ def _llama3_scale(inv_freq: torch.Tensor, scaling: Dict[str, Any]) -> torch.Tens
 
 @functools.lru_cache(maxsize=16)
 def _cos_sin_cache(
-    rotary_dim: int, max_position: int, base: float, scaling: Tuple[Tuple[str, Any], ...] | None,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    scaling: Tuple[Tuple[str, Any], ...] | None,
     device: torch.device,
 ) -> torch.Tensor:
     """``[max_position, rotary_dim]`` float32 holding ``[cos | sin]`` of each frequency."""
@@ -60,7 +63,11 @@ class RotaryEmbedding(StateLessOP):
     """
 
     def __init__(
-        self, head_dim: int, rotary_dim: int, max_position: int, base: float,
+        self,
+        head_dim: int,
+        rotary_dim: int,
+        max_position: int,
+        base: float,
         scaling: Dict[str, Any] | None = None,
     ) -> None:
         if rotary_dim != head_dim:

@@ -50,8 +50,13 @@ def check_tp_size(num_qo_heads: int, num_kv_heads: int, intermediate_size: int, 
     kv_ok = num_kv_heads % size == 0 if num_kv_heads >= size else size % num_kv_heads == 0
     if num_qo_heads % size == 0 and kv_ok and intermediate_size % size == 0:
         return
-    good = [n for n in range(1, num_qo_heads + 1) if num_qo_heads % n == 0 and intermediate_size % n == 0
-            and (num_kv_heads % n == 0 if num_kv_heads >= n else n % num_kv_heads == 0)]
+    good = [
+        n
+        for n in range(1, num_qo_heads + 1)
+        if num_qo_heads % n == 0
+        and intermediate_size % n == 0
+        and (num_kv_heads % n == 0 if num_kv_heads >= n else n % num_kv_heads == 0)
+    ]
     raise ValueError(
         f"cannot split the model over {size} tensor-parallel ranks: it has {num_qo_heads} query heads, "
         f"{num_kv_heads} KV heads and an MLP of {intermediate_size} columns; each rank needs an equal "

@@ -51,8 +51,12 @@ class LLM(Scheduler):
         ValueError: when the model's heads cannot be split over ``tp`` ranks.
     """
 
-    def __init__(self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs: Any) -> None:
-        config = SchedulerConfig(model_path=str(model_path), dtype=dtype, offline_mode=True, **kwargs)
+    def __init__(
+        self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs: Any
+    ) -> None:
+        config = SchedulerConfig(
+            model_path=str(model_path), dtype=dtype, offline_mode=True, **kwargs
+        )
         self._ranks: RankGroup | None = None
         if tp != 1:
             from .tp import RankGroup
@@ -137,7 +141,9 @@ class LLM(Scheduler):
         except RuntimeError as e:  # a collective failed: say which rank took it down
             dead = self._ranks.dead_ranks(wait_s=1.0) if self._ranks is not None else []
             if dead:
-                raise RuntimeError(f"tensor-parallel {'; '.join(dead)}: this LLM cannot continue") from e
+                raise RuntimeError(
+                    f"tensor-parallel {'; '.join(dead)}: this LLM cannot continue"
+                ) from e
             raise
         self.run_when_idle()
         results = []
@@ -145,7 +151,9 @@ class LLM(Scheduler):
             status = self.status_map.pop(start + i)
             if status.error is not None:
                 raise ValueError(status.error)
-            results.append({"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids})
+            results.append(
+                {"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids}
+            )
         return results
 
     def shutdown(self) -> None:

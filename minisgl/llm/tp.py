@@ -64,20 +64,30 @@ class RankGroup:
 
     def __init__(self, config: SchedulerConfig, size: int) -> None:
         ipc_dir = new_ipc_dir()
-        self.config = replace(config, tp_info=DistributedInfo(0, size), ipc_dir=ipc_dir,
-                              distributed_addr=f"file://{ipc_dir}/distributed")
+        self.config = replace(
+            config,
+            tp_info=DistributedInfo(0, size),
+            ipc_dir=ipc_dir,
+            distributed_addr=f"file://{ipc_dir}/distributed",
+        )
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch or CUDA state
         self.processes: List[BaseProcess] = []
         for rank in range(1, size):
-            rank_config = replace(self.config, tp_info=DistributedInfo(rank, size), offline_mode=False)
-            p = ctx.Process(target=_rank_main, args=(rank_config,), name=f"minisgl-llm-rank-{rank}", daemon=True)
+            rank_config = replace(
+                self.config, tp_info=DistributedInfo(rank, size), offline_mode=False
+            )
+            p = ctx.Process(
+                target=_rank_main, args=(rank_config,), name=f"minisgl-llm-rank-{rank}", daemon=True
+            )
             p.start()
             self.processes.append(p)
         self._pub: ZmqPubQueue[BaseBackendMsg] | None = None
 
     def connect(self) -> None:
         """Wait until every other rank listens (``TimeoutError`` after 60 s)."""
-        self._pub = ZmqPubQueue(self.config.zmq_scheduler_broadcast_addr, create=True, encoder=dumps)
+        self._pub = ZmqPubQueue(
+            self.config.zmq_scheduler_broadcast_addr, create=True, encoder=dumps
+        )
         self._pub.wait_for_subscribers(len(self.processes))
 
     def publish(self, msgs: List[BaseBackendMsg]) -> None:

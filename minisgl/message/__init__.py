@@ -6,7 +6,14 @@ as msgpack (``minisgl.message.utils``); the API server's own messages are in
 ``minisgl.message.frontend``.
 """
 
-from .backend import AbortBackendMsg, BaseBackendMsg, BatchBackendMsg, ExitMsg, StatsQueryMsg, UserMsg
+from .backend import (
+    AbortBackendMsg,
+    BaseBackendMsg,
+    BatchBackendMsg,
+    ExitMsg,
+    StatsQueryMsg,
+    UserMsg,
+)
 from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg
 
 __all__ = [

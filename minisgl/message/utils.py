@@ -40,7 +40,9 @@ def serialize(obj: Any) -> Any:
         return obj
     if isinstance(obj, torch.Tensor):
         if obj.dim() != 1 or obj.device.type != "cpu":
-            raise ValueError(f"only 1-D CPU tensors travel in messages, got {tuple(obj.shape)} on {obj.device}")
+            raise ValueError(
+                f"only 1-D CPU tensors travel in messages, got {tuple(obj.shape)} on {obj.device}"
+            )
         # viewed as bytes, any dtype (bfloat16 included) survives without a numpy type
         raw = obj.contiguous().view(torch.uint8).numpy().tobytes()
         return {TYPE_KEY: "Tensor", "dtype": str(obj.dtype).removeprefix("torch."), "buffer": raw}
@@ -107,6 +109,10 @@ def message_types() -> Dict[str, Type[Any]]:
     found: Dict[str, Type[Any]] = {"SamplingParams": SamplingParams}
     for module in (backend, tokenizer, frontend):
         for name, value in vars(module).items():
-            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__:
+            if (
+                isinstance(value, type)
+                and dataclasses.is_dataclass(value)
+                and value.__module__ == module.__name__
+            ):
                 found[name] = value
     return found

@@ -62,11 +62,15 @@ def fused_experts(
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w1.shape
     if w1.shape[2] != hidden or w2.shape != (num_experts, hidden, two_i // 2):
-        raise ValueError(f"expert weights do not fit: x {tuple(hidden_states.shape)}, "
-                         f"w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
+        raise ValueError(
+            f"expert weights do not fit: x {tuple(hidden_states.shape)}, "
+            f"w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}"
+        )
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != num_tokens:
-        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} / topk_ids {tuple(topk_ids.shape)} "
-                         f"must both be [T={num_tokens}, k]")
+        raise ValueError(
+            f"topk_weights {tuple(topk_weights.shape)} / topk_ids {tuple(topk_ids.shape)} "
+            f"must both be [T={num_tokens}, k]"
+        )
     if not (hidden_states.is_contiguous() and w1.is_contiguous() and w2.is_contiguous()):
         raise ValueError("hidden_states, w1 and w2 must be contiguous")
     top_k = topk_ids.shape[1]
@@ -78,12 +82,32 @@ def fused_experts(
     dtype, device = hidden_states.dtype, hidden_states.device
 
     gate_up = torch.empty(num_tokens * top_k, two_i, dtype=dtype, device=device)
-    fused_moe_kernel_triton(hidden_states, w1, gate_up, topk_weights, sorted_token_ids, expert_ids,
-                            num_post_padded, mul_routed_weight=False, top_k=top_k, config=config)
+    fused_moe_kernel_triton(
+        hidden_states,
+        w1,
+        gate_up,
+        topk_weights,
+        sorted_token_ids,
+        expert_ids,
+        num_post_padded,
+        mul_routed_weight=False,
+        top_k=top_k,
+        config=config,
+    )
     act = silu_and_mul(gate_up)  # [T*k, I]
     down = torch.empty(num_tokens * top_k, hidden, dtype=dtype, device=device)
-    fused_moe_kernel_triton(act, w2, down, topk_weights, sorted_token_ids, expert_ids,
-                            num_post_padded, mul_routed_weight=True, top_k=1, config=config)
+    fused_moe_kernel_triton(
+        act,
+        w2,
+        down,
+        topk_weights,
+        sorted_token_ids,
+        expert_ids,
+        num_post_padded,
+        mul_routed_weight=True,
+        top_k=1,
+        config=config,
+    )
     return down.view(num_tokens, top_k, hidden).sum(dim=1)
 
 

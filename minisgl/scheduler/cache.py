@@ -64,14 +64,19 @@ class CacheManager:
         plan: List[Tuple[int, int, int]] = []  # (row, first new page, end page)
         needed = 0
         for req in reqs:
-            first, last = div_ceil(req.cached_len, self.page_size), div_ceil(req.device_len, self.page_size)
+            first, last = (
+                div_ceil(req.cached_len, self.page_size),
+                div_ceil(req.device_len, self.page_size),
+            )
             if last > first:
                 plan.append((req.table_idx, first, last))
                 needed += last - first
         if needed == 0:
             return
         slots = self._page_to_token(self._allocate(needed))
-        rows = torch.cat([torch.full(((e - f) * self.page_size,), r, dtype=torch.int64) for r, f, e in plan])
+        rows = torch.cat(
+            [torch.full(((e - f) * self.page_size,), r, dtype=torch.int64) for r, f, e in plan]
+        )
         cols = torch.cat([torch.arange(f * self.page_size, e * self.page_size) for _, f, e in plan])
         self.page_table[rows.to(self.device), cols.to(self.device)] = slots
 
@@ -88,7 +93,9 @@ class CacheManager:
         # a copy, not a view of the row: the row may be rewritten below before a lazy free runs
         slots = self.page_table[req.table_idx, : req.cached_len].clone()
         old_handle = req.cache_handle
-        already_cached, new_handle = self.prefix_cache.insert_prefix(req.input_ids[: req.cached_len], slots)
+        already_cached, new_handle = self.prefix_cache.insert_prefix(
+            req.input_ids[: req.cached_len], slots
+        )
         self.unlock(old_handle)
         self._free(slots[old_handle.cached_len : already_cached])
         if finished:
@@ -107,7 +114,9 @@ class CacheManager:
             evicted = self.prefix_cache.evict((num_pages - len(self.free_slots)) * self.page_size)
             self.free_slots = torch.cat([self.free_slots, evicted[:: self.page_size]])
             if num_pages > len(self.free_slots):
-                raise RuntimeError(f"out of KV pages: need {num_pages}, have {len(self.free_slots)}")
+                raise RuntimeError(
+                    f"out of KV pages: need {num_pages}, have {len(self.free_slots)}"
+                )
         pages, self.free_slots = self.free_slots[:num_pages], self.free_slots[num_pages:]
         return pages
 

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List
 
-from minisgl.message import BaseBackendMsg, BatchBackendMsg, BatchTokenizerMsg, DetokenizeMsg, StatsQueryMsg
+from minisgl.message import (
+    BaseBackendMsg,
+    BatchBackendMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    StatsQueryMsg,
+)
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
@@ -104,7 +110,9 @@ class SchedulerIOMixin:
             msgs = [self._recv_from_tokenizer.decode(raw) for raw in raws]
         else:
             # rank 0 publishes once per iteration, blocking or not: wait for this one
-            msgs = [self._recv_from_rank0.decoder(raw) for raw in self._recv_from_rank0.get_raw_many()]
+            msgs = [
+                self._recv_from_rank0.decoder(raw) for raw in self._recv_from_rank0.get_raw_many()
+            ]
         return self._answer_queries(msgs)
 
     def _answer_queries(self, msgs: List[BaseBackendMsg]) -> List[BaseBackendMsg]:
@@ -118,7 +126,9 @@ class SchedulerIOMixin:
                 if self.is_primary:
                     from minisgl.message.frontend import StatsReply
 
-                    self._send_into_tokenizer.put(StatsReply(uid=msg.uid, stats=self.collect_stats()))
+                    self._send_into_tokenizer.put(
+                        StatsReply(uid=msg.uid, stats=self.collect_stats())
+                    )
             else:
                 kept.append(msg)
         return kept
@@ -126,7 +136,9 @@ class SchedulerIOMixin:
     def _send_online(self, reply: List[DetokenizeMsg]) -> None:
         if not self.is_primary or not reply:  # the other ranks computed the same tokens
             return
-        self._send_into_tokenizer.put(reply[0] if len(reply) == 1 else BatchTokenizerMsg(data=list(reply)))
+        self._send_into_tokenizer.put(
+            reply[0] if len(reply) == 1 else BatchTokenizerMsg(data=list(reply))
+        )
 
     def collect_stats(self) -> Dict[str, int]:
         """The scheduler's counters, in pages, rows and requests.
@@ -154,7 +166,12 @@ class SchedulerIOMixin:
 
     def stop_io(self) -> None:
         """Close the sockets (online only)."""
-        for name in ("_recv_from_tokenizer", "_send_into_tokenizer", "_send_into_ranks", "_recv_from_rank0"):
+        for name in (
+            "_recv_from_tokenizer",
+            "_send_into_tokenizer",
+            "_send_into_ranks",
+            "_recv_from_rank0",
+        ):
             queue = getattr(self, name, None)
             if queue is not None:
                 queue.stop()

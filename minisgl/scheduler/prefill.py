@@ -74,11 +74,17 @@ class PrefillAdder:
             self.table_manager.token_pool[table_idx, : handle.cached_len].copy_(
                 prefix.pin_memory() if pin(device) else prefix, non_blocking=True
             )
-            self.table_manager.page_table[table_idx, : handle.cached_len].copy_(handle.get_matched_indices())
+            self.table_manager.page_table[table_idx, : handle.cached_len].copy_(
+                handle.get_matched_indices()
+            )
         return handle, table_idx
 
     def _add_one_req(
-        self, pending_req: PendingReq, cache_handle: BaseCacheHandle, table_idx: int, cached_len: int
+        self,
+        pending_req: PendingReq,
+        cache_handle: BaseCacheHandle,
+        table_idx: int,
+        cached_len: int,
     ) -> Req:
         """Take the next chunk of the prompt (all of it if the budget allows) into the batch
         and write its token ids into the token pool."""
@@ -97,9 +103,13 @@ class PrefillAdder:
             ids.pin_memory() if pin(device) else ids, non_blocking=True
         )
         return cls(
-            input_ids=pending_req.input_ids[:end], table_idx=table_idx, cached_len=cached_len,
-            output_len=pending_req.output_len, uid=pending_req.uid,
-            sampling_params=pending_req.sampling_params, cache_handle=cache_handle,
+            input_ids=pending_req.input_ids[:end],
+            table_idx=table_idx,
+            cached_len=cached_len,
+            output_len=pending_req.output_len,
+            uid=pending_req.uid,
+            sampling_params=pending_req.sampling_params,
+            cache_handle=cache_handle,
         )
 
     def try_add_one(self, pending_req: PendingReq) -> Req | None:
@@ -111,7 +121,9 @@ class PrefillAdder:
         if self.token_budget <= 0:
             return None
         if (chunked := pending_req.chunked_req) is not None:
-            return self._add_one_req(pending_req, chunked.cache_handle, chunked.table_idx, chunked.cached_len)
+            return self._add_one_req(
+                pending_req, chunked.cache_handle, chunked.table_idx, chunked.cached_len
+            )
         if (resource := self._try_allocate_one(pending_req)) is None:
             return None
         handle, table_idx = resource

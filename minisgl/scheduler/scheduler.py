@@ -72,7 +72,9 @@ class Scheduler(SchedulerIOMixin):
             self.engine.num_pages, config.page_size, self.engine.page_table, config.cache_type
         )
         self.decode_manager = DecodeManager(config.page_size)
-        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager, self.table_manager, self.decode_manager
+        )
 
         self.finished_reqs: Set[Req] = set()
         # under overlap, a freed row is reused only once no in-flight batch can touch it
@@ -104,7 +106,9 @@ class Scheduler(SchedulerIOMixin):
         """Launch batch N+1 on the engine stream, then handle batch N's results on the CPU
         while the device computes (chapter 11)."""
         self._defer_slot_free = True
-        blocking = not (last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable)
+        blocking = not (
+            last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable
+        )
         if last_data is None:  # nothing in flight: rows held back for safety can be reused now
             # (not only when blocking: a request waiting for a row would otherwise wait forever)
             self._release_deferred_slots()
@@ -155,15 +159,20 @@ class Scheduler(SchedulerIOMixin):
                     f"1 and {max_seq_len - 1} (the context limit is {max_seq_len} tokens)"
                 )
                 logger.warning(error)
-                self.send_result([DetokenizeMsg(uid=msg.uid, next_token=-1, finished=True, error=error)])
+                self.send_result(
+                    [DetokenizeMsg(uid=msg.uid, next_token=-1, finished=True, error=error)]
+                )
                 return
             max_output_len = max_seq_len - input_len
             if msg.sampling_params.max_tokens > max_output_len:
                 msg.sampling_params.max_tokens = max_output_len
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
-            req = (self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
-                   or self._find_in_flight(msg.uid))
+            req = (
+                self.prefill_manager.abort_req(msg.uid)
+                or self.decode_manager.abort_req(msg.uid)
+                or self._find_in_flight(msg.uid)
+            )
             if req is not None:
                 self._free_req_resources(req)
                 # under overlap it may sit in the batch in flight: drop that result
@@ -235,7 +244,9 @@ class Scheduler(SchedulerIOMixin):
         return self._prepare_batch(batch) if batch else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        self.engine.graph_runner.pad_batch(batch)  # decode under CUDA graphs: pad with dummies (ch. 18)
+        self.engine.graph_runner.pad_batch(
+            batch
+        )  # decode under CUDA graphs: pad with dummies (ch. 18)
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
         input_tuple = _make_input_tuple(batch, self.device)
@@ -258,7 +269,11 @@ def _make_positions(batch: Batch, device: torch.device) -> torch.Tensor:
     positions = torch.cat(
         [torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in batch.padded_reqs]
     )
-    return positions.pin_memory().to(device, non_blocking=True) if pin(device) else positions.to(device)
+    return (
+        positions.pin_memory().to(device, non_blocking=True)
+        if pin(device)
+        else positions.to(device)
+    )
 
 
 def _make_input_tuple(batch: Batch, device: torch.device) -> Indice2D:
@@ -278,7 +293,11 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
     that has reached its length: their sample is not an input of any later step.
     """
     rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
-    cols = torch.tensor([r.device_len if r.can_decode else -1 for r in batch.reqs], dtype=torch.int64)
+    cols = torch.tensor(
+        [r.device_len if r.can_decode else -1 for r in batch.reqs], dtype=torch.int64
+    )
     if pin(device):
-        return rows.pin_memory().to(device, non_blocking=True), cols.pin_memory().to(device, non_blocking=True)
+        return rows.pin_memory().to(device, non_blocking=True), cols.pin_memory().to(
+            device, non_blocking=True
+        )
     return rows.to(device), cols.to(device)

@@ -31,7 +31,13 @@ from minisgl.message.frontend import UserReply
 from minisgl.utils import init_logger
 
 from .frontend import FrontendManager
-from .protocol import APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest, describe_validation_errors
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    describe_validation_errors,
+)
 
 logger = init_logger("minisgl.server.api_server")
 T = TypeVar("T")
@@ -98,15 +104,26 @@ def generate_chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
     """``/generate`` stream payloads: ``{"text": delta}``; the last one adds
     ``finish_reason`` and ``usage``. A reply with no new text and not finished sends nothing."""
     extra = {"finish_reason": reply.finish_reason, "usage": _usage(reply)} if reply.finished else {}
-    return [{"text": reply.incremental_output, **extra}] if reply.incremental_output or reply.finished else []
+    return (
+        [{"text": reply.incremental_output, **extra}]
+        if reply.incremental_output or reply.finished
+        else []
+    )
 
 
-def completion_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+def completion_chunks(
+    head: Dict[str, Any], reply: UserReply, is_first: bool
+) -> List[Dict[str, Any]]:
     """``/v1/completions`` stream payloads: ``head`` (id, object, created, model) and one
     choice with the new ``text``; ``finish_reason`` is None until the last one."""
     if not (reply.incremental_output or reply.finished):
         return []
-    choice = {"index": 0, "text": reply.incremental_output, "logprobs": None, "finish_reason": reply.finish_reason}
+    choice = {
+        "index": 0,
+        "text": reply.incremental_output,
+        "logprobs": None,
+        "finish_reason": reply.finish_reason,
+    }
     return [{**head, "choices": [choice]}]
 
 
@@ -116,13 +133,35 @@ def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[
     ``finish_reason``."""
     out = []
     if is_first:
-        out.append({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None}]})
+        out.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     if reply.incremental_output:
-        out.append({**head, "choices": [{"index": 0, "delta": {"content": reply.incremental_output},
-                                         "finish_reason": None}]})
+        out.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": reply.incremental_output},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     if reply.finished:
-        out.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
+        out.append(
+            {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]}
+        )
     return out
 
 
@@ -132,7 +171,9 @@ def usage_chunk(head: Dict[str, Any], reply: UserReply) -> Dict[str, Any]:
 
 
 async def sse_stream(
-    first: UserReply, replies: AsyncGenerator[UserReply, None], chunker: Chunker,
+    first: UserReply,
+    replies: AsyncGenerator[UserReply, None],
+    chunker: Chunker,
     usage: Callable[[UserReply], Dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The Server-Sent Events of one streamed answer, from its ``first`` reply (already
@@ -161,8 +202,13 @@ async def sse_stream(
 
 
 async def _answer(
-    fm: FrontendManager, request: Request, text: str | List[Dict[str, str]], req: Any,
-    default_max_tokens: int, chunker: Chunker, final: Callable[[str, UserReply], Dict[str, Any]],
+    fm: FrontendManager,
+    request: Request,
+    text: str | List[Dict[str, str]],
+    req: Any,
+    default_max_tokens: int,
+    chunker: Chunker,
+    final: Callable[[str, UserReply], Dict[str, Any]],
     usage: Callable[[UserReply], Dict[str, Any]] | None,
 ) -> Response:
     """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
@@ -180,6 +226,7 @@ async def _answer(
         raise APIError(400, first.error, "prompt" if "prompt" in first.error else None)
 
     if not req.stream:
+
         async def collect() -> tuple[str, UserReply]:
             parts, last = [first.incremental_output], first
             async with aclosing(replies):
@@ -196,7 +243,9 @@ async def _answer(
             raise APIError(503, last.error, kind="server_error")
         return JSONResponse(final(text_out, last))
 
-    return StreamingResponse(sse_stream(first, replies, chunker, usage), media_type="text/event-stream")
+    return StreamingResponse(
+        sse_stream(first, replies, chunker, usage), media_type="text/event-stream"
+    )
 
 
 def create_app(fm: FrontendManager) -> FastAPI:
@@ -205,8 +254,11 @@ def create_app(fm: FrontendManager) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await fm.start()
-        print(f"API server ready at http://{fm.args.server_host}:{fm.args.server_port} "
-              f"serving '{fm.args.model_name}'", flush=True)
+        print(
+            f"API server ready at http://{fm.args.server_host}:{fm.args.server_port} "
+            f"serving '{fm.args.model_name}'",
+            flush=True,
+        )
         yield
         fm.stop()
 
@@ -219,10 +271,20 @@ def create_app(fm: FrontendManager) -> FastAPI:
 
     def check_model(model: str) -> None:
         if model not in (name, fm.args.model_path):
-            raise APIError(404, f"model '{model}' not found: this server serves '{name}'", "model", "not_found_error")
+            raise APIError(
+                404,
+                f"model '{model}' not found: this server serves '{name}'",
+                "model",
+                "not_found_error",
+            )
 
     def head(kind: str, uid_prefix: str) -> Dict[str, Any]:
-        return {"id": f"{uid_prefix}-{time.time_ns()}", "object": kind, "created": int(time.time()), "model": name}
+        return {
+            "id": f"{uid_prefix}-{time.time_ns()}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": name,
+        }
 
     @app.get("/health")
     async def health() -> Dict[str, Any]:
@@ -235,15 +297,29 @@ def create_app(fm: FrontendManager) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "mini-sglang",
-                "root": fm.args.model_path, "max_model_len": fm.max_seq_len}
+        card = {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "mini-sglang",
+            "root": fm.args.model_path,
+            "max_model_len": fm.max_seq_len,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         req = await parse_body(request, GenerateRequest)
-        return await _answer(fm, request, req.prompt, req, 128, generate_chunks,
-                             lambda text, r: {"text": text, "finish_reason": r.finish_reason, "usage": _usage(r)}, None)
+        return await _answer(
+            fm,
+            request,
+            req.prompt,
+            req,
+            128,
+            generate_chunks,
+            lambda text, r: {"text": text, "finish_reason": r.finish_reason, "usage": _usage(r)},
+            None,
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -256,7 +332,9 @@ def create_app(fm: FrontendManager) -> FastAPI:
             return {**h, "choices": [choice], "usage": _usage(r)}
 
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
-        return await _answer(fm, request, req.prompt, req, 16, functools.partial(completion_chunks, h), final, usage)
+        return await _answer(
+            fm, request, req.prompt, req, 16, functools.partial(completion_chunks, h), final, usage
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -268,12 +346,25 @@ def create_app(fm: FrontendManager) -> FastAPI:
 
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": r.finish_reason}
+            choice = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": r.finish_reason,
+            }
             return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
 
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
-        return await _answer(fm, request, req.chat(), req, fm.max_seq_len - 1, functools.partial(chat_chunks, h),
-                             final, usage)
+        return await _answer(
+            fm,
+            request,
+            req.chat(),
+            req,
+            fm.max_seq_len - 1,
+            functools.partial(chat_chunks, h),
+            final,
+            usage,
+        )
 
     return app
 
@@ -281,5 +372,11 @@ def create_app(fm: FrontendManager) -> FastAPI:
 def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> None:
     """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C or SIGTERM."""
     fm = FrontendManager(args, workers, int(info["max_seq_len"]))
-    uvicorn.run(create_app(fm), host=args.server_host, port=args.server_port, log_level="warning",
-                access_log=False, timeout_graceful_shutdown=3)
+    uvicorn.run(
+        create_app(fm),
+        host=args.server_host,
+        port=args.server_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )

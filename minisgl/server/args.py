@@ -41,8 +41,6 @@ class ServerArgs(SchedulerConfig):
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-
-
 def _port_is_free(host: str, port: int) -> bool:
     """Whether a listening socket could bind ``host:port`` now (checked before any worker
     starts: uvicorn would find out only after the model has loaded)."""
@@ -75,28 +73,71 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input,
     including a ``--tp`` the model's heads cannot be split over.
     """
-    p = argparse.ArgumentParser(prog="python -m minisgl", description="mini-sglang: an OpenAI-compatible server")
-    p.add_argument("--model", "--model-path", dest="model_path", required=True, help="local Hugging Face folder")
-    p.add_argument("--host", dest="server_host", default=ServerArgs.server_host,
-                   help="address to bind (default: loopback only)")
+    p = argparse.ArgumentParser(
+        prog="python -m minisgl", description="mini-sglang: an OpenAI-compatible server"
+    )
+    p.add_argument(
+        "--model",
+        "--model-path",
+        dest="model_path",
+        required=True,
+        help="local Hugging Face folder",
+    )
+    p.add_argument(
+        "--host",
+        dest="server_host",
+        default=ServerArgs.server_host,
+        help="address to bind (default: loopback only)",
+    )
     p.add_argument("--port", dest="server_port", type=int, default=ServerArgs.server_port)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: MINISGL_DEVICE, else CUDA if present)")
+    p.add_argument(
+        "--device", default=None, help="cpu or cuda (default: MINISGL_DEVICE, else CUDA if present)"
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES])
-    p.add_argument("--served-model-name", default="", help="the model name clients send (default: folder name)")
-    p.add_argument("--max-running-requests", dest="max_running_req", type=int, default=ServerArgs.max_running_req)
+    p.add_argument(
+        "--served-model-name", default="", help="the model name clients send (default: folder name)"
+    )
+    p.add_argument(
+        "--max-running-requests",
+        dest="max_running_req",
+        type=int,
+        default=ServerArgs.max_running_req,
+    )
     p.add_argument("--max-seq-len", dest="max_seq_len_override", type=int, default=None)
-    p.add_argument("--max-prefill-length", dest="max_extend_tokens", type=int, default=ServerArgs.max_extend_tokens)
+    p.add_argument(
+        "--max-prefill-length",
+        dest="max_extend_tokens",
+        type=int,
+        default=ServerArgs.max_extend_tokens,
+    )
     p.add_argument("--num-pages", dest="num_page_override", type=int, default=None)
     p.add_argument("--page-size", type=int, default=ServerArgs.page_size)
     p.add_argument("--memory-ratio", type=float, default=ServerArgs.memory_ratio)
     p.add_argument("--attention-backend", "--attn", default=ServerArgs.attention_backend)
-    p.add_argument("--moe-backend", default=ServerArgs.moe_backend, help="MoE models: torch, fused or auto (chapter 20)")
+    p.add_argument(
+        "--moe-backend",
+        default=ServerArgs.moe_backend,
+        help="MoE models: torch, fused or auto (chapter 20)",
+    )
     p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
-                   help="capture decode graphs up to this batch size; 0 disables CUDA graphs (chapter 18; default 256)")
-    p.add_argument("--shell", action="store_true", help="chat in this terminal instead of serving HTTP")
-    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1,
-                   help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)")
+    p.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="capture decode graphs up to this batch size; 0 disables CUDA graphs (chapter 18; default 256)",
+    )
+    p.add_argument(
+        "--shell", action="store_true", help="chat in this terminal instead of serving HTTP"
+    )
+    p.add_argument(
+        "--tp",
+        "--tp-size",
+        "--tensor-parallel-size",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)",
+    )
     ns = vars(p.parse_args(argv))
     name = ns.pop("device")
     try:
@@ -105,8 +146,12 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         p.error(str(e))
     tp_size = ns.pop("tp_size")
     if ns["cuda_graph_max_bs"] is not None and ns["cuda_graph_max_bs"] < 0:
-        p.error(f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}")
-    if tp_size != 1:  # refuse a rank count the heads cannot be split over, before any process starts
+        p.error(
+            f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}"
+        )
+    if (
+        tp_size != 1
+    ):  # refuse a rank count the heads cannot be split over, before any process starts
         try:
             mc = ModelConfig.from_hf(cached_load_hf_config(ns["model_path"]))
             check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp_size)
@@ -118,5 +163,11 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     if ns["shell"]:
         ns["max_running_req"] = min(ns["max_running_req"], 4)  # one user: keep the pool small
     # the ranks meet at a file in the launch's private directory: no port to pick or collide on
-    return ServerArgs(**ns, device=device, dtype=_DTYPES[dtype], ipc_dir=ipc_dir,
-                      tp_info=DistributedInfo(0, tp_size), distributed_addr=f"file://{ipc_dir}/distributed")
+    return ServerArgs(
+        **ns,
+        device=device,
+        dtype=_DTYPES[dtype],
+        ipc_dir=ipc_dir,
+        tp_info=DistributedInfo(0, tp_size),
+        distributed_addr=f"file://{ipc_dir}/distributed",
+    )

@@ -52,8 +52,12 @@ class FrontendManager:
     # ---- life cycle ---------------------------------------------------------------------
     async def start(self) -> None:
         args = self.args
-        self.recv: ZmqAsyncPullQueue[Any] = ZmqAsyncPullQueue(args.zmq_frontend_addr, create=True, decoder=loads)
-        self.send: ZmqAsyncPushQueue[Any] = ZmqAsyncPushQueue(args.zmq_detokenizer_addr, create=False, encoder=dumps)
+        self.recv: ZmqAsyncPullQueue[Any] = ZmqAsyncPullQueue(
+            args.zmq_frontend_addr, create=True, decoder=loads
+        )
+        self.send: ZmqAsyncPushQueue[Any] = ZmqAsyncPushQueue(
+            args.zmq_detokenizer_addr, create=False, encoder=dumps
+        )
         self._spawn(self._listen())
         loop = asyncio.get_running_loop()
         for w in self.workers:
@@ -82,7 +86,9 @@ class FrontendManager:
             return
         worker.process.join(timeout=0)
         if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
-            logger.info(f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})")
+            logger.info(
+                f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})"
+            )
             return
         reason = f"worker process {worker.describe()} died (exit code {worker.process.exitcode})"
         logger.error(f"{reason}: failing {len(self.queues)} open request(s); restart the server")
@@ -96,7 +102,11 @@ class FrontendManager:
         # and may be blocked in a collective waiting for it. SIGTERM (a clean exit) first;
         # SIGKILL for one stuck inside a collective, where Python's handler never runs.
         for w in self.workers:
-            if w is not worker and w.name.startswith("minisgl-scheduler-") and w.process.exitcode is None:
+            if (
+                w is not worker
+                and w.name.startswith("minisgl-scheduler-")
+                and w.process.exitcode is None
+            ):
                 logger.error(f"stopping {w.describe()}: its tensor-parallel peer is gone")
                 w.process.terminate()
                 asyncio.get_running_loop().call_later(
@@ -153,7 +163,9 @@ class FrontendManager:
             await self.send.put(StatsQueryMsg(uid=uid))
             return await asyncio.wait_for(fut, STATS_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise APIError(503, f"the scheduler did not answer in {STATS_TIMEOUT_S:.0f} s", kind="server_error") from None
+            raise APIError(
+                503, f"the scheduler did not answer in {STATS_TIMEOUT_S:.0f} s", kind="server_error"
+            ) from None
         finally:
             self.stats_waiters.pop(uid, None)
 

@@ -87,7 +87,9 @@ def _scheduler_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
     scheduler = None
     try:
         scheduler = Scheduler(args)
-        ack.put({"name": f"scheduler-{args.tp_info.rank}", "max_seq_len": scheduler.engine.max_seq_len})
+        ack.put(
+            {"name": f"scheduler-{args.tp_info.rank}", "max_seq_len": scheduler.engine.max_seq_len}
+        )
         with torch.inference_mode():
             scheduler.run_forever()
     except KeyboardInterrupt:
@@ -104,8 +106,12 @@ def _tokenizer_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
 
     worker = None
     try:
-        worker = TokenizerWorker(args.model_path, args.zmq_detokenizer_addr, args.zmq_backend_addr,
-                                 args.zmq_frontend_addr)
+        worker = TokenizerWorker(
+            args.model_path,
+            args.zmq_detokenizer_addr,
+            args.zmq_backend_addr,
+            args.zmq_frontend_addr,
+        )
         ack.put({"name": "tokenizer"})
         worker.run()
     except KeyboardInterrupt:
@@ -131,9 +137,16 @@ def start_workers(args: ServerArgs) -> tuple[List[Worker], Dict[str, Any]]:
     for rank in range(size):
         rank_args = replace(args, tp_info=DistributedInfo(rank, size))
         name = f"minisgl-scheduler-{rank}"
-        workers.append(Worker(name, ctx.Process(target=_scheduler_main, args=(rank_args, ack), name=name, daemon=True)))
+        workers.append(
+            Worker(
+                name,
+                ctx.Process(target=_scheduler_main, args=(rank_args, ack), name=name, daemon=True),
+            )
+        )
     name = "minisgl-tokenizer"
-    workers.append(Worker(name, ctx.Process(target=_tokenizer_main, args=(args, ack), name=name, daemon=True)))
+    workers.append(
+        Worker(name, ctx.Process(target=_tokenizer_main, args=(args, ack), name=name, daemon=True))
+    )
     info: Dict[str, Any] = {}
     try:
         for w in workers:
@@ -150,7 +163,9 @@ def start_workers(args: ServerArgs) -> tuple[List[Worker], Dict[str, Any]]:
                 pass
             for w in workers:
                 if w.process.exitcode is not None:
-                    raise RuntimeError(f"worker {w.describe()} exited with code {w.process.exitcode} while starting")
+                    raise RuntimeError(
+                        f"worker {w.describe()} exited with code {w.process.exitcode} while starting"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"workers not ready after {STARTUP_TIMEOUT_S:.0f} s")
     except BaseException:
@@ -174,7 +189,9 @@ def stop_workers(workers: List[Worker]) -> None:
             continue
         w.process.join(max(0.0, deadline - time.monotonic()))
         if w.process.exitcode is None:
-            logger.warning(f"worker {w.describe()} did not stop in {STOP_TIMEOUT_S:.0f} s: killing it")
+            logger.warning(
+                f"worker {w.describe()} did not stop in {STOP_TIMEOUT_S:.0f} s: killing it"
+            )
             w.process.kill()
             w.process.join()
 
@@ -203,7 +220,9 @@ def launch_server(argv: List[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        signal.signal(
+            signal.SIGTERM, signal.SIG_IGN
+        )  # a second SIGTERM must not cut the clean-up short
         stop_workers(workers)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)

@@ -36,8 +36,14 @@ def start_server(model: str, extra_args: Sequence[str], log: Path) -> Tuple[subp
     port = free_port()
     cmd = [sys.executable, "-m", "minisgl", "--model", model, "--port", str(port), *extra_args]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -14,7 +14,16 @@ from __future__ import annotations
 from typing import Any, Dict, List, Literal, Mapping, Sequence
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from minisgl.core import SamplingParams
 
@@ -22,13 +31,25 @@ from minisgl.core import SamplingParams
 class APIError(Exception):
     """An error answered as OpenAI's error body with ``status`` (400, 404, 503, ...)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
         return JSONResponse(body, status_code=self.status)
 
 
@@ -78,10 +99,19 @@ class _Sampling(BaseModel):
         """
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
         if max_tokens > max_seq_len - 1:
-            raise APIError(400, f"max_tokens is {max_tokens}, but the context is {max_seq_len} tokens "
-                           f"(prompt included): at most {max_seq_len - 1}", "max_tokens")
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              ignore_eos=self.ignore_eos, max_tokens=min(max_tokens, max_seq_len - 1))
+            raise APIError(
+                400,
+                f"max_tokens is {max_tokens}, but the context is {max_seq_len} tokens "
+                f"(prompt included): at most {max_seq_len - 1}",
+                "max_tokens",
+            )
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            ignore_eos=self.ignore_eos,
+            max_tokens=min(max_tokens, max_seq_len - 1),
+        )
 
 
 class GenerateRequest(_Sampling):
@@ -107,7 +137,9 @@ class _OpenAI(_Sampling):
     @classmethod
     def _n(cls, v: int) -> int:
         if v != 1:
-            raise ValueError("only n=1 is supported (one choice per request); send n requests instead")
+            raise ValueError(
+                "only n=1 is supported (one choice per request); send n requests instead"
+            )
         return v
 
     @field_validator("stop")
@@ -128,7 +160,9 @@ class _OpenAI(_Sampling):
     @classmethod
     def _seed(cls, v: int | None) -> int | None:
         if v is not None:
-            raise ValueError("per-request seeds are not supported (the engine has one seed, set at launch)")
+            raise ValueError(
+                "per-request seeds are not supported (the engine has one seed, set at launch)"
+            )
         return v
 
     @property

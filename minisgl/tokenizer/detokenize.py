@@ -89,7 +89,9 @@ class DetokenizeManager:
             rounds[k].append((i, msg))
         out: Dict[int, Delta] = {}
         for round_ in rounds:
-            for i, delta in zip([i for i, _ in round_], self._detokenize_round([m for _, m in round_])):
+            for i, delta in zip(
+                [i for i, _ in round_], self._detokenize_round([m for _, m in round_])
+            ):
                 if delta is not None:
                     out[i] = delta
         return [out[i] for i in sorted(out)]
@@ -107,7 +109,9 @@ class DetokenizeManager:
                 if s.ignore_eos or not (msg.finished and msg.next_token in self.eos_token_ids):
                     s.ids.append(msg.next_token)
             known.append((msg, s))
-        context = self.tokenizer.batch_decode([s.ids[s.prefix_offset : s.read_offset] for _, s in known])
+        context = self.tokenizer.batch_decode(
+            [s.ids[s.prefix_offset : s.read_offset] for _, s in known]
+        )
         window = self.tokenizer.batch_decode([s.ids[s.prefix_offset :] for _, s in known])
         deltas: Dict[int, Delta] = {}
         for (msg, s), before, now in zip(known, context, window):
@@ -123,8 +127,15 @@ class DetokenizeManager:
             if msg.finished and msg.error is None:
                 eos = msg.next_token in self.eos_token_ids and not s.ignore_eos
                 reason = "stop" if eos else "length"
-            deltas[id(msg)] = Delta(msg.uid, text, msg.finished, reason, s.num_prompt_tokens, s.num_output_tokens,
-                                    msg.error)
+            deltas[id(msg)] = Delta(
+                msg.uid,
+                text,
+                msg.finished,
+                reason,
+                s.num_prompt_tokens,
+                s.num_output_tokens,
+                msg.error,
+            )
         return [deltas.get(id(m)) for m in msgs]
 
     def _flush(self, s: DecodeStatus, pending: str) -> str:

@@ -58,10 +58,16 @@ class TokenizerWorker:
     def __init__(self, model_path: str, addr: str, backend_addr: str, frontend_addr: str) -> None:
         tokenizer = load_tokenizer(model_path)
         self.tokenize_manager = TokenizeManager(tokenizer)
-        self.detokenize_manager = DetokenizeManager(tokenizer, load_eos_token_ids(model_path, tokenizer))
+        self.detokenize_manager = DetokenizeManager(
+            tokenizer, load_eos_token_ids(model_path, tokenizer)
+        )
         self.recv: ZmqPullQueue[object] = ZmqPullQueue(addr, create=True, decoder=loads)
-        self.send_backend: ZmqPushQueue[object] = ZmqPushQueue(backend_addr, create=False, encoder=dumps)
-        self.send_frontend: ZmqPushQueue[object] = ZmqPushQueue(frontend_addr, create=False, encoder=dumps)
+        self.send_backend: ZmqPushQueue[object] = ZmqPushQueue(
+            backend_addr, create=False, encoder=dumps
+        )
+        self.send_frontend: ZmqPushQueue[object] = ZmqPushQueue(
+            frontend_addr, create=False, encoder=dumps
+        )
 
     def run(self) -> None:
         """Serve until an ``ExitMsg`` arrives (or the process is interrupted)."""
@@ -81,11 +87,17 @@ class TokenizerWorker:
         to_backend: List[BaseBackendMsg] = []
         detok = [m for m in msgs if isinstance(m, DetokenizeMsg)]
         for delta in self.detokenize_manager.detokenize(detok):
-            to_frontend.append(UserReply(
-                uid=delta.uid, incremental_output=delta.text, finished=delta.finished,
-                finish_reason=delta.finish_reason, num_prompt_tokens=delta.num_prompt_tokens,
-                num_output_tokens=delta.num_output_tokens, error=delta.error,
-            ))
+            to_frontend.append(
+                UserReply(
+                    uid=delta.uid,
+                    incremental_output=delta.text,
+                    finished=delta.finished,
+                    finish_reason=delta.finish_reason,
+                    num_prompt_tokens=delta.num_prompt_tokens,
+                    num_output_tokens=delta.num_output_tokens,
+                    error=delta.error,
+                )
+            )
         for msg in msgs:
             if isinstance(msg, TokenizeMsg):
                 reply = self._tokenize_one(msg)
@@ -112,7 +124,9 @@ class TokenizerWorker:
             ids = self.tokenize_manager.tokenize([msg])[0]
         except Exception as e:  # a bad chat message must not take the worker down
             logger.warning(f"request {msg.uid}: cannot tokenize: {e}")
-            return UserReply(uid=msg.uid, incremental_output="", finished=True, error=f"cannot tokenize: {e}")
+            return UserReply(
+                uid=msg.uid, incremental_output="", finished=True, error=f"cannot tokenize: {e}"
+            )
         self.detokenize_manager.add(msg.uid, len(ids), msg.sampling_params.ignore_eos)
         return UserMsg(uid=msg.uid, input_ids=ids, sampling_params=msg.sampling_params)
 

@@ -25,7 +25,9 @@ class TokenizeManager:
             return msg.text
         if not self.tokenizer.chat_template:
             raise ValueError("this model's tokenizer has no chat template: send a prompt instead")
-        prompt = self.tokenizer.apply_chat_template(msg.text, tokenize=False, add_generation_prompt=True)
+        prompt = self.tokenizer.apply_chat_template(
+            msg.text, tokenize=False, add_generation_prompt=True
+        )
         assert isinstance(prompt, str)
         return prompt
 

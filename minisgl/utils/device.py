@@ -52,8 +52,10 @@ def check_device(name: str, what: str = "the device") -> torch.device:
     if name != "cpu" and not name.startswith("cuda"):
         raise ValueError(f"{what} must be cpu or cuda (cuda:N), got {name!r}")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"{what} is {name!r}, but torch sees no CUDA GPU here "
-                         "(a CPU build of torch, or no driver): use cpu")
+        raise ValueError(
+            f"{what} is {name!r}, but torch sees no CUDA GPU here "
+            "(a CPU build of torch, or no driver): use cpu"
+        )
     return torch.device(name)
 
 

@@ -34,9 +34,14 @@ def init_logger(name: str) -> RankLogger:
     root = logging.getLogger("minisgl")
     if not root.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s",
-                                               datefmt="%H:%M:%S"))
+        handler.setFormatter(
+            logging.Formatter(
+                "[%(asctime)s %(levelname)s %(name)s] %(message)s", datefmt="%H:%M:%S"
+            )
+        )
         root.addHandler(handler)
         root.setLevel(os.environ.get("MINISGL_LOG_LEVEL", "INFO").upper())
         root.propagate = False
-    return RankLogger(logging.getLogger(name if name.startswith("minisgl") else f"minisgl.{name}"), {})
+    return RankLogger(
+        logging.getLogger(name if name.startswith("minisgl") else f"minisgl.{name}"), {}
+    )

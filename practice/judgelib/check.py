@@ -56,7 +56,9 @@ def make_broken(engine_source: str, spec_path: Path, out_dir: Path) -> tuple[Pat
     source = engine_source
     for old, new in spec["replace"]:
         if source.count(old) != 1:
-            raise ValueError(f"{spec_path.name}: {old!r} occurs {source.count(old)} times in the engine module")
+            raise ValueError(
+                f"{spec_path.name}: {old!r} occurs {source.count(old)} times in the engine module"
+            )
         source = source.replace(old, new)
     out = out_dir / f"{spec_path.stem}.py"
     out.write_text(source, encoding="utf-8")
@@ -93,9 +95,16 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
         for label, file, should_pass, expect in runs:
             # a run that must fail is decided by its first failing case: stop there (saves
             # most of the chapter tests' time); the engine's own module runs every case
-            v = judge_file(root, p, file, opts if should_pass else replace(opts, first_failure=True))
-            shown = f"{v.name} {v.passed}/{v.total}" + (f" at {v.case.split('::')[-1]}" if v.case else "")
-            print(f"    {label:<36} {shown}" + (f" ({v.skipped} GPU cases skipped)" if partial and v.skipped else ""))
+            v = judge_file(
+                root, p, file, opts if should_pass else replace(opts, first_failure=True)
+            )
+            shown = f"{v.name} {v.passed}/{v.total}" + (
+                f" at {v.case.split('::')[-1]}" if v.case else ""
+            )
+            print(
+                f"    {label:<36} {shown}"
+                + (f" ({v.skipped} GPU cases skipped)" if partial and v.skipped else "")
+            )
             if should_pass and not v.accepted:
                 detail = "\n".join("      " + ln for ln in v.detail.splitlines()[:25])
                 errors.append(f"{label} is not accepted: {v.name}\n{detail}")
@@ -104,14 +113,20 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
                 break
             if not should_pass and v.accepted:
                 if partial and label != "starter":  # the starter must fail the CPU cases too
-                    print(f"    note: {label} passes the CPU cases; only the GPU cases can catch it")
+                    print(
+                        f"    note: {label} passes the CPU cases; only the GPU cases can catch it"
+                    )
                 else:
                     errors.append(f"{label} is accepted but must fail")
             if expect and v.case and expect not in v.case:
                 if partial:
-                    print(f"    note: {label} failed first at {v.case.split('::')[-1]} on the CPU, not at {expect}")
+                    print(
+                        f"    note: {label} failed first at {v.case.split('::')[-1]} on the CPU, not at {expect}"
+                    )
                 else:
-                    errors.append(f"{label} should fail first at {expect}, failed first at {v.case}")
+                    errors.append(
+                        f"{label} should fail first at {expect}, failed first at {v.case}"
+                    )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return errors
@@ -127,8 +142,11 @@ def check_exercise(root: Path, p: P.Problem, opts: Options) -> str:
         errors = check_one(root, p, cpu, partial=True)
         for e in errors:
             print(f"  ✗ {e}")
-        print("  ✗ NOT SOUND" if errors else
-              f"  ◐ partly checked, NOT judged: run `python practice/judge.py check {p.id}` on a CUDA GPU")
+        print(
+            "  ✗ NOT SOUND"
+            if errors
+            else f"  ◐ partly checked, NOT judged: run `python practice/judge.py check {p.id}` on a CUDA GPU"
+        )
         return "failed" if errors else "partly"
     if why:
         print(f"    skipped: {why}")
@@ -176,7 +194,9 @@ def check(root: Path, ids: List[int], opts: Options, jobs: int = 1) -> int:
     failed = [p.id for p, r in zip(chosen, results, strict=True) if r == "failed"]
     skipped = [p.id for p, r in zip(chosen, results, strict=True) if r == "skipped"]
     partly = [p.id for p, r in zip(chosen, results, strict=True) if r == "partly"]
-    print(f"\nchecked {len(chosen) - len(skipped) - len(partly)}, failed {len(failed)} {failed or ''}"
-          f"{f', partly checked without a GPU (not judged) {partly}' if partly else ''}"
-          f"{f', skipped {skipped}' if skipped else ''} in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"\nchecked {len(chosen) - len(skipped) - len(partly)}, failed {len(failed)} {failed or ''}"
+        f"{f', partly checked without a GPU (not judged) {partly}' if partly else ''}"
+        f"{f', skipped {skipped}' if skipped else ''} in {time.perf_counter() - t0:.1f} s"
+    )
     return 1 if failed else 0

@@ -17,31 +17,51 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="judge.py", description="Judge your implementation of an engine component.",
-                                epilog="`judge.py 191` is short for `judge.py test 191`.")
-    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)")
+    p = argparse.ArgumentParser(
+        prog="judge.py",
+        description="Judge your implementation of an engine component.",
+        epilog="`judge.py 191` is short for `judge.py test 191`.",
+    )
+    p.add_argument(
+        "--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)"
+    )
     sub = p.add_subparsers(dest="cmd")
     sub.add_parser("list", help="exercises and your progress")
-    s = sub.add_parser("start", help="copy the starter into practice/workspace/ and show the statement")
+    s = sub.add_parser(
+        "start", help="copy the starter into practice/workspace/ and show the statement"
+    )
     s.add_argument("id", type=int)
     s.add_argument("--force", action="store_true", help="overwrite your workspace file")
     t = sub.add_parser("test", help="judge your file (the default command)")
     t.add_argument("id", type=int)
-    t.add_argument("--file", type=Path, help="judge this file instead of practice/workspace/<id>_<slug>.py")
+    t.add_argument(
+        "--file", type=Path, help="judge this file instead of practice/workspace/<id>_<slug>.py"
+    )
     c = sub.add_parser("check", help="maintainers: engine passes, starter fails, signatures match")
     c.add_argument("ids", type=int, nargs="*")
-    c.add_argument("--jobs", "-j", type=int, default=1,
-                   help="exercises checked at once, each report printed whole when done (default 1)")
+    c.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        help="exercises checked at once, each report printed whole when done (default 1)",
+    )
     for q in (t, c):
         q.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-        q.add_argument("--time-limit", type=float, help="seconds per case (default: from problem.md)")
+        q.add_argument(
+            "--time-limit", type=float, help="seconds per case (default: from problem.md)"
+        )
         q.add_argument("--keep", action="store_true", help="keep the sandbox directory")
-        q.add_argument("--quick", action="store_true", help="only the exercise's own tests (no chapter tests)")
+        q.add_argument(
+            "--quick", action="store_true", help="only the exercise's own tests (no chapter tests)"
+        )
     sub.add_parser("doctor", help="what this machine can judge")
     so = sub.add_parser("solution", help="where the reference implementation lives")
     so.add_argument("id", type=int)
     so.add_argument("--yes", action="store_true", help="skip the confirmation")
-    ms = sub.add_parser("make-starter", help="maintainers: regenerate starter.py from the engine module")
+    ms = sub.add_parser(
+        "make-starter", help="maintainers: regenerate starter.py from the engine module"
+    )
     ms.add_argument("id", type=int)
     return p
 
@@ -56,9 +76,17 @@ def _problem(root: Path, pid: int) -> P.Problem:
 
 def cmd_list(root: Path) -> int:
     status = read_status(root)
-    rows = [(str(p.id), p.title, f"ch{p.chapter:02d}", p.difficulty, "GPU" if p.gpu else "CPU ok",
-             status.get(str(p.id), {}).get("status", "not started").replace("_", " "))
-            for p in P.load_all(root / "practice" / "exercises")]
+    rows = [
+        (
+            str(p.id),
+            p.title,
+            f"ch{p.chapter:02d}",
+            p.difficulty,
+            "GPU" if p.gpu else "CPU ok",
+            status.get(str(p.id), {}).get("status", "not started").replace("_", " "),
+        )
+        for p in P.load_all(root / "practice" / "exercises")
+    ]
     head = ("id", "title", "chapter", "difficulty", "device", "status")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
@@ -92,20 +120,35 @@ def cmd_test(root: Path, args) -> int:
         if args.file:
             print(f"{args.file} does not exist (the file given with --file)")
         else:
-            print(f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}")
+            print(
+                f"{rel(root, file)} does not exist; run: python practice/judge.py start {args.id}"
+            )
         return 2
     why = cannot_judge(root, problem, args.device)
     preview = why == NEEDS_GPU and args.quick
     if why and not preview:
-        more = f"; `judge.py {args.id} --quick --device cpu` runs its CPU tests as a preview" if why == NEEDS_GPU else ""
+        more = (
+            f"; `judge.py {args.id} --quick --device cpu` runs its CPU tests as a preview"
+            if why == NEEDS_GPU
+            else ""
+        )
         print(f"cannot judge {args.id} on this machine: {why}{more}")
         return 2
     device = "cpu" if preview else args.device
-    v = judge_file(root, problem, file, Options(device, args.time_limit, args.keep, quick=args.quick))
+    v = judge_file(
+        root, problem, file, Options(device, args.time_limit, args.keep, quick=args.quick)
+    )
     if preview:
-        print(f"CPU preview only: {v.skipped} GPU cases were skipped. Exercise {args.id} is judged on a CUDA GPU.")
+        print(
+            f"CPU preview only: {v.skipped} GPU cases were skipped. Exercise {args.id} is judged on a CUDA GPU."
+        )
     if args.file is None:
-        write_status(root, problem.id, "accepted" if v.accepted and not args.quick else "started", f"{v.passed}/{v.total}")
+        write_status(
+            root,
+            problem.id,
+            "accepted" if v.accepted and not args.quick else "started",
+            f"{v.passed}/{v.total}",
+        )
     return 0 if v.accepted else 1
 
 
@@ -113,7 +156,9 @@ def cmd_solution(root: Path, pid: int, yes: bool) -> int:
     problem = _problem(root, pid)
     if not yes:
         try:
-            answer = input(f"Show where the reference for {pid} lives? This spoils the exercise. [y/N] ")
+            answer = input(
+                f"Show where the reference for {pid} lives? This spoils the exercise. [y/N] "
+            )
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
@@ -134,7 +179,9 @@ def cmd_make_starter(root: Path, pid: int) -> int:
     problem = _problem(root, pid)
     source = (root / problem.module).read_text(encoding="utf-8")
     problem.starter.write_text(make_starter(source, pid, problem.symbols), encoding="utf-8")
-    print(f"wrote {rel(root, problem.starter)} from {problem.module} ({', '.join(problem.symbols)})")
+    print(
+        f"wrote {rel(root, problem.starter)} from {problem.module} ({', '.join(problem.symbols)})"
+    )
     return 0
 
 
@@ -145,7 +192,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except AttributeError:
         pass
     # `judge.py 191 ...` means `judge.py test 191 ...`
-    i = next((k for k, a in enumerate(argv) if not a.startswith("-") and not (k and argv[k - 1] == "--root")), None)
+    i = next(
+        (
+            k
+            for k, a in enumerate(argv)
+            if not a.startswith("-") and not (k and argv[k - 1] == "--root")
+        ),
+        None,
+    )
     if i is not None and argv[i].isdigit():
         argv.insert(i, "test")
     args = _parser().parse_args(argv)
@@ -168,8 +222,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cmd == "check":
             from .check import check
 
-            return check(root, args.ids, Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick),
-                         args.jobs)
+            return check(
+                root,
+                args.ids,
+                Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick),
+                args.jobs,
+            )
         _parser().print_help()
         return 2
     except KeyboardInterrupt:

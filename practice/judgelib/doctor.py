@@ -23,8 +23,10 @@ def _torch_lines() -> tuple[list[str], bool]:
     if cuda:
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            lines.append(f"CUDA         cuda:{i} {torch.cuda.get_device_name(i)}, capability {major}.{minor}"
-                         f" (CUDA {torch.version.cuda})")
+            lines.append(
+                f"CUDA         cuda:{i} {torch.cuda.get_device_name(i)}, capability {major}.{minor}"
+                f" (CUDA {torch.version.cuda})"
+            )
     else:
         lines.append("CUDA         not available: exercises are judged on the CPU")
     return lines, cuda
@@ -36,11 +38,15 @@ def doctor(root: Path) -> int:
     print("\n".join(lines))
     fi = importlib.util.find_spec("flashinfer") is not None
     print(f"flashinfer   {'present' if fi else 'absent (the torch attention backend is used)'}")
-    print(f"pytest       {'present' if importlib.util.find_spec('pytest') else 'ABSENT: pip install pytest'}")
+    print(
+        f"pytest       {'present' if importlib.util.find_spec('pytest') else 'ABSENT: pip install pytest'}"
+    )
     model = root / DEFAULT_MODEL
     ok = (model / "config.json").is_file()
     print(f"model        {DEFAULT_MODEL}: {'present' if ok else 'absent (make models)'}")
-    print(f"engine       {root / 'minisgl'}: {'present' if (root / 'minisgl').is_dir() else 'absent'}")
+    print(
+        f"engine       {root / 'minisgl'}: {'present' if (root / 'minisgl').is_dir() else 'absent'}"
+    )
     device = "cuda" if cuda else "cpu"
     print(f"\nExercises this machine can judge (on {device}):")
     for p in P.load_all(root / "practice" / "exercises"):

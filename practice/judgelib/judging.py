@@ -11,7 +11,16 @@ from typing import List, Optional, Tuple
 
 from . import runner, sandbox
 from .problems import Problem
-from .verdict import COMPILE, Verdict, case_line, short_name, compile_check, first_failure_block, judge, verdict_line
+from .verdict import (
+    COMPILE,
+    Verdict,
+    case_line,
+    compile_check,
+    first_failure_block,
+    judge,
+    short_name,
+    verdict_line,
+)
 
 
 @dataclass
@@ -21,7 +30,9 @@ class Options:
     keep: bool = False  # keep the sandbox for debugging
     quiet: bool = False  # no per-case lines (used by `check`)
     quick: bool = False  # only the exercise's own tests, not the chapter tests
-    first_failure: bool = False  # stop at the first case that does not pass (`check` of a wrong answer)
+    first_failure: bool = (
+        False  # stop at the first case that does not pass (`check` of a wrong answer)
+    )
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
@@ -68,13 +79,24 @@ def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optiona
 def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     """How many cases the exercise has, collected with the engine's own module in place."""
     device = opts.device
-    box, targets = sandbox.build(root, problem, root / problem.module, chapter_tests(root, problem, opts)[0])
+    box, targets = sandbox.build(
+        root, problem, root / problem.module, chapter_tests(root, problem, opts)[0]
+    )
     try:
-        env = runner.child_env(box, device or "cpu", problem.module_name, box / "events.jsonl", root / "models")
+        env = runner.child_env(
+            box, device or "cpu", problem.module_name, box / "events.jsonl", root / "models"
+        )
         import subprocess
 
-        subprocess.run(runner.pytest_command(box, targets, ["--collect-only"]), cwd=box, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
+        subprocess.run(
+            runner.pytest_command(box, targets, ["--collect-only"]),
+            cwd=box,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+            check=False,
+        )
         for line in (box / "events.jsonl").read_text(encoding="utf-8").splitlines():
             ev = json.loads(line)
             if ev.get("ev") == "collected":
@@ -106,7 +128,9 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         say(f"  note: {t} is not in this checkout; judging without it")
     box, targets = sandbox.build(root, problem, file, tests)
     try:
-        env = runner.child_env(box, opts.device, problem.module_name, box / "events.jsonl", root / "models")
+        env = runner.child_env(
+            box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
+        )
         width = 60
 
         def on_event(ev: dict) -> None:
@@ -114,20 +138,33 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             if ev.get("ev") == "collected" and ev["cases"]:
                 width = min(90, max(len(short_name(c)) for c in ev["cases"]))
             elif ev.get("ev") == "session":
-                say(f"  device {ev['device']} ({ev.get('device_name', '')}), "
-                    f"limits {time_limit:g} s per case, {problem.total_time_limit:g} s in all")
+                say(
+                    f"  device {ev['device']} ({ev.get('device_name', '')}), "
+                    f"limits {time_limit:g} s per case, {problem.total_time_limit:g} s in all"
+                )
             elif ev.get("ev") == "result":
                 say(case_line(ev["case"], ev["outcome"], ev.get("duration", 0.0), width))
 
-        res = runner.run(box, targets, env, time_limit, problem.total_time_limit, on_event,
-                         extra=["-x"] if opts.first_failure else None)
+        res = runner.run(
+            box,
+            targets,
+            env,
+            time_limit,
+            problem.total_time_limit,
+            on_event,
+            extra=["-x"] if opts.first_failure else None,
+        )
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
-            raise RuntimeError(f"the tests imported {res.module_file}, not the sandbox copy; "
-                               "is minisgl installed somewhere that shadows PYTHONPATH?")
+            raise RuntimeError(
+                f"the tests imported {res.module_file}, not the sandbox copy; "
+                "is minisgl installed somewhere that shadows PYTHONPATH?"
+            )
         ref_total = count_cases(root, problem, opts) if res.collect_errors else None
         v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
         for prefix in {str(box), str(box.resolve())}:  # show paths as the learner knows them
-            v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(f"{prefix}/", "")
+            v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(
+                f"{prefix}/", ""
+            )
         v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:")
         for line in first_failure_block(v):
             say(line)
@@ -143,6 +180,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
 
 
 # -- the learner's progress ---------------------------------------------------------------
+
 
 def status_path(root: Path) -> Path:
     return root / "practice" / "workspace" / ".status.json"
@@ -162,8 +200,11 @@ def write_status(root: Path, pid: int, state: str, cases: str = "") -> None:
     old = data.get(str(pid), {})
     if old.get("status") == "accepted" and state != "accepted":
         state = "accepted"  # once accepted, stays accepted
-    data[str(pid)] = {"status": state, "cases": cases or old.get("cases", ""),
-                      "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    data[str(pid)] = {
+        "status": state,
+        "cases": cases or old.get("cases", ""),
+        "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     tmp = path.with_name(f".status.{os.getpid()}.tmp")  # atomic; judges may run side by side
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
     os.replace(tmp, path)

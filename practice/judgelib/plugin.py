@@ -64,7 +64,9 @@ def _module_file() -> str | None:
 
 def pytest_sessionstart(session) -> None:
     device = os.environ["MINISGL_DEVICE"]
-    _emit(ev="session", device=device, device_name=_device_name(device), python=sys.version.split()[0])
+    _emit(
+        ev="session", device=device, device_name=_device_name(device), python=sys.version.split()[0]
+    )
 
 
 def pytest_collectreport(report) -> None:

@@ -71,16 +71,27 @@ def _tail(path: Path, limit: int = 3000) -> str:
         return ""
 
 
-def child_env(box: Path, device: Optional[str], module_name: str, events: Path,
-              models_dir: Optional[Path] = None) -> Dict[str, str]:
+def child_env(
+    box: Path,
+    device: Optional[str],
+    module_name: str,
+    events: Path,
+    models_dir: Optional[Path] = None,
+) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(
         JUDGE_EVENTS=str(events),
         JUDGE_MODULE=module_name,
         # the sandbox first; what was on the path stays after it (packages installed with
         # --target on a GPU machine, say), except folders with their own minisgl/
-        PYTHONPATH=os.pathsep.join([str(box)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                 if p and not (Path(p) / "minisgl").is_dir()]),
+        PYTHONPATH=os.pathsep.join(
+            [str(box)]
+            + [
+                p
+                for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and not (Path(p) / "minisgl").is_dir()
+            ]
+        ),
         PYTHONDONTWRITEBYTECODE="1",
         PYTHONUNBUFFERED="1",
         TMPDIR=str(box / "tmp"),
@@ -88,7 +99,9 @@ def child_env(box: Path, device: Optional[str], module_name: str, events: Path,
         TRANSFORMERS_OFFLINE="1",
     )
     env.pop("PYTEST_ADDOPTS", None)
-    if models_dir is not None:  # the tests build missing models into the repo's cache, not the sandbox
+    if (
+        models_dir is not None
+    ):  # the tests build missing models into the repo's cache, not the sandbox
         env.setdefault("MINISGL_MODELS_DIR", str(models_dir))
     if device:
         env["MINISGL_DEVICE"] = device
@@ -111,13 +124,34 @@ def _uses_hypothesis(box: Path, targets: List[str]) -> bool:
 def pytest_command(box: Path, targets: List[str], extra: Optional[List[str]] = None) -> List[str]:
     # hypothesis' pytest plugin costs seconds at startup; load it only for tests that use it
     skip = [] if _uses_hypothesis(box, targets) else ["-p", "no:hypothesispytest"]
-    return [sys.executable, "-m", "pytest", "-p", PLUGIN_NAME, "-p", "no:cacheprovider", *skip,
-            "-q", "--no-header", "-rN", "--tb=short", *(extra or []), *targets]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        PLUGIN_NAME,
+        "-p",
+        "no:cacheprovider",
+        *skip,
+        "-q",
+        "--no-header",
+        "-rN",
+        "--tb=short",
+        *(extra or []),
+        *targets,
+    ]
 
 
-def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
-        total_limit: float, on_event=None, setup_limit: Optional[float] = None,
-        extra: Optional[List[str]] = None) -> RunResult:
+def run(
+    box: Path,
+    targets: List[str],
+    env: Dict[str, str],
+    time_limit: float,
+    total_limit: float,
+    on_event=None,
+    setup_limit: Optional[float] = None,
+    extra: Optional[List[str]] = None,
+) -> RunResult:
     """Run the targets; ``on_event(event)`` is called for each event as it arrives;
     ``extra``: more pytest arguments (``-x``).
 
@@ -132,9 +166,16 @@ def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
     res = RunResult()
     by_id: Dict[str, Case] = {}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(pytest_command(box, targets, extra), cwd=box, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_limit_child)
+        proc = subprocess.Popen(
+            pytest_command(box, targets, extra),
+            cwd=box,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_limit_child,
+        )
     t0 = time.monotonic()
     running: Optional[Case] = None
     case_t0 = phase_t0 = 0.0
@@ -191,8 +232,14 @@ def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
                     if running is not None:
                         running.outcome, running.duration = "timeout", now - case_t0
                         if on_event is not None:
-                            on_event({"ev": "result", "case": running.nodeid, "outcome": "timeout",
-                                      "duration": running.duration})
+                            on_event(
+                                {
+                                    "ev": "result",
+                                    "case": running.nodeid,
+                                    "outcome": "timeout",
+                                    "duration": running.duration,
+                                }
+                            )
                     break
                 time.sleep(POLL_S)
     finally:
@@ -202,7 +249,13 @@ def run(box: Path, targets: List[str], env: Dict[str, str], time_limit: float,
     if running is not None and running.outcome == "not run":
         running.outcome, running.duration = "crashed", time.monotonic() - case_t0
         if on_event is not None:
-            on_event({"ev": "result", "case": running.nodeid, "outcome": "crashed",
-                      "duration": running.duration})
+            on_event(
+                {
+                    "ev": "result",
+                    "case": running.nodeid,
+                    "outcome": "crashed",
+                    "duration": running.duration,
+                }
+            )
     res.log_tail = _tail(log)
     return res

@@ -15,7 +15,16 @@ from typing import List, Optional, Tuple
 from .problems import Problem
 
 # Copied into the sandbox when present: the engine, the chapter tests and what they use.
-COPY = ["minisgl", "tests", "examples", "tools", "pyproject.toml", "pytest.ini", "setup.cfg", "conftest.py"]
+COPY = [
+    "minisgl",
+    "tests",
+    "examples",
+    "tools",
+    "pyproject.toml",
+    "pytest.ini",
+    "setup.cfg",
+    "conftest.py",
+]
 # Linked, not copied: large, read by the tests, never written by the judge.
 LINK = ["models"]
 PLUGIN_NAME = "_judge_plugin"
@@ -24,11 +33,12 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypo
 
 def own_test_name(problem: Problem, test: Path) -> str:
     """Where an exercise test lands in the sandbox: next to the chapter tests and conftest."""
-    return f"tests/test_ex{problem.id}_{test.name[len('test_'):]}"
+    return f"tests/test_ex{problem.id}_{test.name[len('test_') :]}"
 
 
-def build(root: Path, problem: Problem, learner_file: Path, chapter_tests: Optional[List[str]] = None
-          ) -> Tuple[Path, List[str]]:
+def build(
+    root: Path, problem: Problem, learner_file: Path, chapter_tests: Optional[List[str]] = None
+) -> Tuple[Path, List[str]]:
     """Create the sandbox; return it and the pytest targets (exercise tests first, then
     ``chapter_tests``, by default all of problem.md's ``tests``)."""
     box = Path(tempfile.mkdtemp(prefix=f"minisgl-judge-{problem.id}-"))

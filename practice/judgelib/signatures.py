@@ -26,18 +26,30 @@ def _func_sig(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     defaults = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
     parts = []
     for i, (arg, d) in enumerate(zip(pos, defaults)):
-        s = arg.arg + (f": {_u(arg.annotation)}" if arg.annotation else "") + (f" = {_u(d)}" if d else "")
+        s = (
+            arg.arg
+            + (f": {_u(arg.annotation)}" if arg.annotation else "")
+            + (f" = {_u(d)}" if d else "")
+        )
         parts.append(s)
         if a.posonlyargs and i == len(a.posonlyargs) - 1:
             parts.append("/")
     if a.vararg:
-        parts.append("*" + a.vararg.arg + (f": {_u(a.vararg.annotation)}" if a.vararg.annotation else ""))
+        parts.append(
+            "*" + a.vararg.arg + (f": {_u(a.vararg.annotation)}" if a.vararg.annotation else "")
+        )
     elif a.kwonlyargs:
         parts.append("*")
     for arg, d in zip(a.kwonlyargs, a.kw_defaults):
-        parts.append(arg.arg + (f": {_u(arg.annotation)}" if arg.annotation else "") + (f" = {_u(d)}" if d else ""))
+        parts.append(
+            arg.arg
+            + (f": {_u(arg.annotation)}" if arg.annotation else "")
+            + (f" = {_u(d)}" if d else "")
+        )
     if a.kwarg:
-        parts.append("**" + a.kwarg.arg + (f": {_u(a.kwarg.annotation)}" if a.kwarg.annotation else ""))
+        parts.append(
+            "**" + a.kwarg.arg + (f": {_u(a.kwarg.annotation)}" if a.kwarg.annotation else "")
+        )
     deco = "".join(f"@{_u(d)} " for d in fn.decorator_list)
     kw = "async def" if isinstance(fn, ast.AsyncFunctionDef) else "def"
     ret = f" -> {_u(fn.returns)}" if fn.returns else ""
@@ -55,10 +67,15 @@ def interface(source: str) -> Dict[str, Tuple[str, Optional[str]]]:
             elif isinstance(node, ast.ClassDef):
                 deco = "".join(f"@{_u(d)} " for d in node.decorator_list)
                 bases = ", ".join(_u(b) or "" for b in node.bases + node.keywords)  # type: ignore[operator]
-                out[prefix + node.name] = (f"{deco}class {node.name}({bases})", ast.get_docstring(node))
+                out[prefix + node.name] = (
+                    f"{deco}class {node.name}({bases})",
+                    ast.get_docstring(node),
+                )
                 for stmt in node.body:
                     if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                        sig = f"{stmt.target.id}: {_u(stmt.annotation)}" + (f" = {_u(stmt.value)}" if stmt.value else "")
+                        sig = f"{stmt.target.id}: {_u(stmt.annotation)}" + (
+                            f" = {_u(stmt.value)}" if stmt.value else ""
+                        )
                         out[f"{prefix}{node.name}.{stmt.target.id}"] = (sig, None)
                 visit(node.body, f"{prefix}{node.name}.")
 
@@ -84,7 +101,9 @@ def drift(starter: Path, engine: Path) -> Tuple[List[str], List[str]]:
         else:
             (s_sig, s_doc), (e_sig, e_doc) = s_if[name], e_if[name]
             if s_sig != e_sig:
-                sink.append(f"{name}: signature differs\n    engine:  {e_sig}\n    starter: {s_sig}")
+                sink.append(
+                    f"{name}: signature differs\n    engine:  {e_sig}\n    starter: {s_sig}"
+                )
             if s_doc != e_doc:
                 sink.append(f"{name}: docstring differs")
     return problems, notes
@@ -97,8 +116,15 @@ def locate(source: str, symbols: List[str]) -> List[Tuple[str, int, int]]:
     for sym in symbols:
         body, node = tree.body, None
         for part in sym.split("."):
-            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                         and n.name == part), None)
+            node = next(
+                (
+                    n
+                    for n in body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    and n.name == part
+                ),
+                None,
+            )
             if node is None:
                 break
             body = node.body

@@ -22,12 +22,17 @@ def make_starter(source: str, pid: int, symbols: List[str]) -> str:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             raise ValueError(f"{sym} is not a function or method")
         body = node.body
-        has_doc = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+        has_doc = (
+            isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
             and isinstance(body[0].value.value, str)
+        )
         keep_until = body[0].end_lineno if has_doc else None  # 1-based last line kept
         first_stmt = body[1] if has_doc and len(body) > 1 else (None if has_doc else body[0])
         indent = " " * (first_stmt.col_offset if first_stmt is not None else body[0].col_offset)
-        start = (keep_until if keep_until is not None else first_stmt.lineno - 1)  # 0-based first line replaced
+        start = (
+            keep_until if keep_until is not None else first_stmt.lineno - 1
+        )  # 0-based first line replaced
         end = node.end_lineno or node.lineno
         text = f'{indent}raise NotImplementedError("Exercise {pid}: implement {sym}")\n'
         edits.append((start, end, text))
@@ -42,8 +47,12 @@ def make_starter(source: str, pid: int, symbols: List[str]) -> str:
 def _find(tree: ast.Module, sym: str) -> ast.AST:
     body, node = tree.body, None
     for part in sym.split("."):
-        node = next(n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                    and n.name == part)
+        node = next(
+            n
+            for n in body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name == part
+        )
         body = node.body
     assert node is not None
     return node

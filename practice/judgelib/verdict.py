@@ -35,11 +35,16 @@ class Verdict:
 
 
 def trim(text: str, max_lines: int = MAX_LINES, tail: bool = False) -> str:
-    lines = [ln if len(ln) <= MAX_LINE else ln[:MAX_LINE] + " [...]" for ln in text.rstrip().splitlines()]
+    lines = [
+        ln if len(ln) <= MAX_LINE else ln[:MAX_LINE] + " [...]" for ln in text.rstrip().splitlines()
+    ]
     if len(lines) > max_lines:
         cut = len(lines) - max_lines
-        lines = ([f"[... {cut} lines cut ...]"] + lines[-max_lines:]) if tail else (
-            lines[:max_lines] + [f"[... {cut} lines cut ...]"])
+        lines = (
+            ([f"[... {cut} lines cut ...]"] + lines[-max_lines:])
+            if tail
+            else (lines[:max_lines] + [f"[... {cut} lines cut ...]"])
+        )
     return "\n".join(lines)
 
 
@@ -92,8 +97,13 @@ def _failure_text(case: Case) -> str:
     return "\n".join(parts)
 
 
-def judge(problem: Problem, res: RunResult, time_limit: float, total_limit: float,
-          reference_total: Optional[int] = None) -> Verdict:
+def judge(
+    problem: Problem,
+    res: RunResult,
+    time_limit: float,
+    total_limit: float,
+    reference_total: Optional[int] = None,
+) -> Verdict:
     ran = [c for c in res.cases if c.outcome != "skipped"]
     passed = sum(c.outcome == "passed" for c in ran)
     skipped = len(res.cases) - len(ran)
@@ -102,37 +112,80 @@ def judge(problem: Problem, res: RunResult, time_limit: float, total_limit: floa
     if res.collect_errors:
         err = res.collect_errors[0]
         name = COMPILE if "SyntaxError" in err.get("message", "") else RUNTIME
-        return _with(v, name, None, problem,
-                     f"while importing {err.get('nodeid') or 'the tests'}:\n" + trim(err.get("longrepr", ""), tail=True))
+        return _with(
+            v,
+            name,
+            None,
+            problem,
+            f"while importing {err.get('nodeid') or 'the tests'}:\n"
+            + trim(err.get("longrepr", ""), tail=True),
+        )
     first: Optional[Case] = next((c for c in ran if c.outcome != "passed"), None)
     if first is None:
         if res.killed_for == "total":
-            return _with(v, TLE, None, problem, f"the run went past its total limit of {total_limit:.0f} s")
+            return _with(
+                v, TLE, None, problem, f"the run went past its total limit of {total_limit:.0f} s"
+            )
         if res.killed_for == "collect":
-            return _with(v, TLE, None, problem, "importing your module and the tests did not finish "
-                         "(a loop at module level?)\n" + trim(res.log_tail, 15, tail=True))
+            return _with(
+                v,
+                TLE,
+                None,
+                problem,
+                "importing your module and the tests did not finish "
+                "(a loop at module level?)\n" + trim(res.log_tail, 15, tail=True),
+            )
         if not res.finished or res.returncode not in (0, 5):
-            return _with(v, RUNTIME, None, problem,
-                         _describe_exit(res.returncode) + " outside any test case\n" + trim(res.log_tail, 15, tail=True))
+            return _with(
+                v,
+                RUNTIME,
+                None,
+                problem,
+                _describe_exit(res.returncode)
+                + " outside any test case\n"
+                + trim(res.log_tail, 15, tail=True),
+            )
         if not res.cases:
-            return _with(v, RUNTIME, None, problem, "no test case ran\n" + trim(res.log_tail, 15, tail=True))
+            return _with(
+                v, RUNTIME, None, problem, "no test case ran\n" + trim(res.log_tail, 15, tail=True)
+            )
         return v
     if first.outcome == "timeout":
         limit = time_limit if res.killed_for == "case" else total_limit
         what = {"case": "case", "setup": "fixture setup"}.get(res.killed_for or "", "run")
-        return _with(v, TLE, first.nodeid, problem, f"{short_name(first.nodeid)} ran past the {what} limit of {limit:g} s (killed)")
+        return _with(
+            v,
+            TLE,
+            first.nodeid,
+            problem,
+            f"{short_name(first.nodeid)} ran past the {what} limit of {limit:g} s (killed)",
+        )
     if first.outcome == "crashed":
-        return _with(v, RUNTIME, first.nodeid, problem,
-                     f"{_describe_exit(res.returncode)} while running {short_name(first.nodeid)}\n"
-                     + trim(res.log_tail, 15, tail=True))
+        return _with(
+            v,
+            RUNTIME,
+            first.nodeid,
+            problem,
+            f"{_describe_exit(res.returncode)} while running {short_name(first.nodeid)}\n"
+            + trim(res.log_tail, 15, tail=True),
+        )
     if first.outcome == "not run":
-        return _with(v, RUNTIME, first.nodeid, problem, f"{short_name(first.nodeid)} did not run\n" + trim(res.log_tail, 15, tail=True))
+        return _with(
+            v,
+            RUNTIME,
+            first.nodeid,
+            problem,
+            f"{short_name(first.nodeid)} did not run\n" + trim(res.log_tail, 15, tail=True),
+        )
     exc = (first.failure or {}).get("exc_type")
     name = WRONG if exc in ("AssertionError", "Failed", None) else RUNTIME
     v = _with(v, name, first.nodeid, problem, _failure_text(first))
     message = (first.failure or {}).get("message", "")
     if exc == "NotImplementedError" and "Exercise" in message:
-        v.hint = "this is still the starter's placeholder: " + message.split("Exercise", 1)[1].split(":", 1)[-1].strip()
+        v.hint = (
+            "this is still the starter's placeholder: "
+            + message.split("Exercise", 1)[1].split(":", 1)[-1].strip()
+        )
     return v
 
 
@@ -140,7 +193,9 @@ def _with(v: Verdict, name: str, case: Optional[str], problem: Problem, detail: 
     v.name, v.case, v.detail = name, case, detail
     # a general hint fits a failure of the exercise's own tests, not of a chapter test
     own = bool(case) and case.startswith(f"tests/test_ex{problem.id}_")
-    v.hint = problem.hint_for(case.split("::")[-1] if case else "", general=own and name in (WRONG, RUNTIME))
+    v.hint = problem.hint_for(
+        case.split("::")[-1] if case else "", general=own and name in (WRONG, RUNTIME)
+    )
     return v
 
 
@@ -152,7 +207,9 @@ def verdict_line(v: Verdict, device: str) -> str:
 
 def case_line(nodeid: str, outcome: str, duration: float, width: int = 64) -> str:
     mark = {"passed": "✓", "skipped": "○", "timeout": "⏱"}.get(outcome, "✗")
-    note = {"timeout": "  time limit exceeded", "crashed": "  crashed", "skipped": "  skipped"}.get(outcome, "")
+    note = {"timeout": "  time limit exceeded", "crashed": "  crashed", "skipped": "  skipped"}.get(
+        outcome, ""
+    )
     return f"  {mark} {short_name(nodeid):<{width}} {duration:6.2f}s{note}"
 
 

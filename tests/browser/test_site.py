@@ -23,8 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "site"
 SHOTS = ROOT / "build" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = pytest.mark.browser
 
@@ -53,7 +60,9 @@ def site_url() -> Iterator[str]:
         def log_message(self, *args) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -74,9 +83,14 @@ def page(site_url: str):
         # no network: nothing leaves the machine, and GitHub links get a local stub that
         # says which URL was asked for (the route registered last is tried first)
         context.route(re.compile(r"^https?://(?!127\.0\.0\.1).*"), lambda route: route.abort())
-        context.route(re.compile(r"^https://github\.com/.*"), lambda route: route.fulfill(
-            status=200, content_type="text/html",
-            body=f"<title>GitHub (stub)</title><h1>stub for</h1><p id='url'>{route.request.url}</p>"))
+        context.route(
+            re.compile(r"^https://github\.com/.*"),
+            lambda route: route.fulfill(
+                status=200,
+                content_type="text/html",
+                body=f"<title>GitHub (stub)</title><h1>stub for</h1><p id='url'>{route.request.url}</p>",
+            ),
+        )
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -102,7 +116,11 @@ def test_home_to_chapter_7_to_a_code_link_and_back(page, site_url: str):
 
     # a code excerpt's link when the prose has one, else the chapter's main
     code_links = page.locator("article a.code-link")
-    target = code_links.first if code_links.count() else page.locator(".chapter-meta a[href*='/blob/main/']").first
+    target = (
+        code_links.first
+        if code_links.count()
+        else page.locator(".chapter-meta a[href*='/blob/main/']").first
+    )
     href = target.get_attribute("href") or ""
     assert re.search(r"/blob/main/[\w/]+\.py(#L\d+-L\d+)?$", href), href
     target.click()

@@ -10,10 +10,11 @@ title (YAML front matter `title:` or the first `# ` heading) and difficulty (fro
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+import tomllib
 
 _CHAPTER_DIR = re.compile(r"^ch(\d{2})_([a-z0-9_]+)$")
 _EXERCISE_DIR = re.compile(r"^(\d+)_([A-Za-z0-9_\-]+)$")

@@ -29,8 +29,8 @@ the syntax itself.
 
 from __future__ import annotations
 
-import json
 import importlib.util
+import json
 import posixpath
 import re
 import sys
@@ -130,7 +130,9 @@ def _chapter_arg(arg: str, ctx: Context, macro: str) -> Chapter:
                 return ch
         raise MacroError(f"there is no chapter {n}")
     if ctx.chapter is None:
-        raise MacroError(f"@@{macro}@@ outside a chapter page needs a chapter number (@@{macro} 7@@)")
+        raise MacroError(
+            f"@@{macro}@@ outside a chapter page needs a chapter number (@@{macro} 7@@)"
+        )
     return ctx.chapter
 
 
@@ -162,7 +164,9 @@ def load_steps(root: Path) -> ModuleType:
 def load_upstream_index(root: Path) -> Dict[str, Any]:
     path = root / "docs" / "upstream_index.json"
     if not path.is_file():
-        raise MacroError("docs/upstream_index.json does not exist (run python tools/upstream_index.py)")
+        raise MacroError(
+            "docs/upstream_index.json does not exist (run python tools/upstream_index.py)"
+        )
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -217,7 +221,9 @@ def macro_tree(arg: str, ctx: Context) -> str:
     try:
         tree = steps.render_tree(chapter.number, fmt="markdown")
     except Exception as e:
-        raise MacroError(f"tools/steps.py render_tree({chapter.number}) failed: {type(e).__name__}: {e}") from e
+        raise MacroError(
+            f"tools/steps.py render_tree({chapter.number}) failed: {type(e).__name__}: {e}"
+        ) from e
     return str(tree).rstrip("\n")
 
 
@@ -227,7 +233,9 @@ def macro_upstream(arg: str, ctx: Context) -> str:
     index = ctx.upstream_index if ctx.upstream_index is not None else load_upstream_index(ctx.root)
     files = index.get("files", {})
     if path not in files:
-        raise MacroError(f"upstream has no file {UPSTREAM_ROOT}/{path} at {index.get('commit', '?')[:12]}")
+        raise MacroError(
+            f"upstream has no file {UPSTREAM_ROOT}/{path} at {index.get('commit', '?')[:12]}"
+        )
     base = f"{index.get('repository', UPSTREAM_REPO)}/blob/{index['commit']}/{index.get('root', UPSTREAM_ROOT)}/{path}"
     if symbol is None:
         return f"[{path}]({base})"
@@ -246,11 +254,15 @@ def macro_exercises(arg: str, ctx: Context) -> str:
         try:
             ex = find_exercise(ctx.root, exercise_id)
         except LookupError as e:
-            raise MacroError(f"exercise {exercise_id} (listed in {chapter.key}/chapter.toml): {e}") from e
+            raise MacroError(
+                f"exercise {exercise_id} (listed in {chapter.key}/chapter.toml): {e}"
+            ) from e
         difficulty = f" ({ex.difficulty})" if ex.difficulty else ""
         problem = ctx.blob_url(f"practice/exercises/{ex.folder.name}/problem.md")
-        items.append(f"- **{ex.id}. {ex.title}**{difficulty}: [the problem]({problem}), "
-                     f"then judge your answer with `{ex.judge_command}`")
+        items.append(
+            f"- **{ex.id}. {ex.title}**{difficulty}: [the problem]({problem}), "
+            f"then judge your answer with `{ex.judge_command}`"
+        )
     return "\n".join(items)
 
 
@@ -355,7 +367,12 @@ def expand(text: str, ctx: Context) -> Expansion:
             fence = m.group(1)
             out.append(line)
         elif fence is not None:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)):].strip():
+            if (
+                m
+                and m.group(1)[0] == fence[0]
+                and len(m.group(1)) >= len(fence)
+                and not line.strip()[len(m.group(1)) :].strip()
+            ):
                 fence = None
             out.append(line)
         else:

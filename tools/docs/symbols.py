@@ -71,7 +71,11 @@ def iter_symbols(tree: ast.Module) -> Iterator[Tuple[str, ast.stmt]]:
                     yield prefix + bound, node
                 # `if`/`try` at module level still bind module-level names (e.g. optional imports)
                 if not in_class and isinstance(node, (ast.If, ast.Try)):
-                    for sub in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                    for sub in (
+                        node.body,
+                        getattr(node, "orelse", []),
+                        getattr(node, "finalbody", []),
+                    ):
                         yield from walk(sub, prefix, in_class)
 
     return walk(tree.body, "", False)
@@ -98,5 +102,5 @@ def find_symbol(source: str, symbol: str, filename: str = "<source>") -> Span:
         raise SymbolError(f"symbol '{symbol}' is not defined in {filename}{hint}")
     start, end = table[symbol]
     lines = source.splitlines()[start - 1 : end]
-    indent = min((len(l) - len(l.lstrip()) for l in lines if l.strip()), default=0)
-    return Span(start, end, "\n".join(l[indent:] for l in lines))
+    indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
+    return Span(start, end, "\n".join(line[indent:] for line in lines))

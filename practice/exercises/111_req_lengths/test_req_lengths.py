@@ -8,26 +8,42 @@ import torch
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import create_prefix_cache
 
-HANDLE = create_prefix_cache(torch.device("cpu"), "naive").match_prefix(torch.empty(0, dtype=torch.int32)).cuda_handle
+HANDLE = (
+    create_prefix_cache(torch.device("cpu"), "naive")
+    .match_prefix(torch.empty(0, dtype=torch.int32))
+    .cuda_handle
+)
 
 
 def make_req(prompt_len: int = 5, cached_len: int = 0, max_tokens: int = 3, uid: int = 0) -> Req:
-    return Req(input_ids=torch.arange(prompt_len, dtype=torch.int32), table_idx=0, cached_len=cached_len,
-               output_len=max_tokens, uid=uid, sampling_params=SamplingParams(max_tokens=max_tokens),
-               cache_handle=HANDLE)
+    return Req(
+        input_ids=torch.arange(prompt_len, dtype=torch.int32),
+        table_idx=0,
+        cached_len=cached_len,
+        output_len=max_tokens,
+        uid=uid,
+        sampling_params=SamplingParams(max_tokens=max_tokens),
+        cache_handle=HANDLE,
+    )
 
 
 def test_lengths_after_construction():
     r = make_req(prompt_len=5, max_tokens=3)
     got = (r.cached_len, r.device_len, r.max_device_len)
-    assert got == (0, 5, 8), f"(cached_len, device_len, max_device_len) should be (0, 5, 8), got {got}"
-    assert (r.extend_len, r.remain_len) == (5, 3), f"(extend_len, remain_len) = {(r.extend_len, r.remain_len)}"
+    assert got == (0, 5, 8), (
+        f"(cached_len, device_len, max_device_len) should be (0, 5, 8), got {got}"
+    )
+    assert (r.extend_len, r.remain_len) == (5, 3), (
+        f"(extend_len, remain_len) = {(r.extend_len, r.remain_len)}"
+    )
     assert r.can_decode
 
 
 def test_a_cached_prefix_shortens_the_extend():
     r = make_req(prompt_len=10, cached_len=6, max_tokens=4)
-    assert r.extend_len == 4, f"6 of 10 prompt tokens are cached: extend_len should be 4, got {r.extend_len}"
+    assert r.extend_len == 4, (
+        f"6 of 10 prompt tokens are cached: extend_len should be 4, got {r.extend_len}"
+    )
     assert r.remain_len == 4
 
 
@@ -41,15 +57,24 @@ def test_input_ids_must_be_on_the_cpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a second device to put input_ids on")
     with pytest.raises(AssertionError):
-        Req(input_ids=torch.arange(3, dtype=torch.int32, device="cuda"), table_idx=0, cached_len=0, output_len=1,
-            uid=0, sampling_params=SamplingParams(max_tokens=1), cache_handle=HANDLE)
+        Req(
+            input_ids=torch.arange(3, dtype=torch.int32, device="cuda"),
+            table_idx=0,
+            cached_len=0,
+            output_len=1,
+            uid=0,
+            sampling_params=SamplingParams(max_tokens=1),
+            cache_handle=HANDLE,
+        )
 
 
 def test_complete_one_moves_the_window():
     r = make_req(prompt_len=5, max_tokens=3)
     r.complete_one()
     got = (r.cached_len, r.device_len, r.extend_len)
-    assert got == (5, 6, 1), f"after the prefill step (cached_len, device_len, extend_len) should be (5, 6, 1), got {got}"
+    assert got == (5, 6, 1), (
+        f"after the prefill step (cached_len, device_len, extend_len) should be (5, 6, 1), got {got}"
+    )
 
 
 def test_append_host_grows_input_ids():
@@ -67,7 +92,9 @@ def test_decode_until_max_tokens():
         r.append_host(torch.tensor([9], dtype=torch.int32))
         seen.append((r.cached_len, r.device_len, r.remain_len))
         assert len(seen) <= 3, f"a request with max_tokens=3 must stop after 3 steps: {seen}"
-    assert seen == [(4, 5, 2), (5, 6, 1), (6, 7, 0)], f"(cached_len, device_len, remain_len) per step: {seen}"
+    assert seen == [(4, 5, 2), (5, 6, 1), (6, 7, 0)], (
+        f"(cached_len, device_len, remain_len) per step: {seen}"
+    )
     assert len(r.input_ids) == 7
 
 

@@ -67,8 +67,12 @@ def store_cache(
 
 
 def norm_linear(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    bias: torch.Tensor | None = None, swiglu: bool = False,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
 ) -> torch.Tensor:
     """``linear(rms_norm(x), weight, bias)``, then ``silu_and_mul`` when ``swiglu``: the
     reference of the fused decode path's ``norm_gemv`` (``x: [M, K]`` -> ``[M, N]`` or ``[M, N/2]``)."""
@@ -84,15 +88,25 @@ def linear_add_residual_(
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-    k_slots: torch.Tensor, v_slots: torch.Tensor, out_loc: torch.Tensor,
-    num_qo_heads: int, num_kv_heads: int, head_dim: int,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    out_loc: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Split ``qkv: [T, (H_q + 2 H_kv) D]``, normalise q and k per head when the norms are
     given, rotate them, store k and v at ``out_loc`` of the ``[num_slots, H_kv, D]`` slots,
     and return the queries ``[T, H_q, D]``: what the attention layer does, op by op."""
-    q, k, v = qkv.split([num_qo_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q, k, v = qkv.split(
+        [num_qo_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1
+    )
     q = q.reshape(-1, num_qo_heads, head_dim)
     k = k.reshape(-1, num_kv_heads, head_dim)
     v = v.reshape(-1, num_kv_heads, head_dim)

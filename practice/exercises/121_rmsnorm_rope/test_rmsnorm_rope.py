@@ -14,14 +14,18 @@ DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, atol: float = 0.0) -> None:
     """Shapes first, then the largest difference and the first index that differs."""
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert got.shape == want.shape, (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
     diff = (got.float() - want.float()).abs()
     bad = diff > atol
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(f"{what}: max |diff| {float(diff.max()):.3g} (allowed {atol}); first at {idx}: "
-                             f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}")
+        raise AssertionError(
+            f"{what}: max |diff| {float(diff.max()):.3g} (allowed {atol}); first at {idx}: "
+            f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}"
+        )
 
 
 def cos_sin_cache(max_position: int, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -59,7 +63,12 @@ def test_rms_norm_works_on_any_leading_shape():
     x = torch.randn(2, 3, 16, device=DEVICE)
     out = rms_norm(x, torch.ones(16, device=DEVICE), 1e-5)
     assert out.shape == x.shape
-    assert_same(out.pow(2).mean(-1), torch.ones(2, 3, device=DEVICE), "mean square after the norm", atol=1e-3)
+    assert_same(
+        out.pow(2).mean(-1),
+        torch.ones(2, 3, device=DEVICE),
+        "mean square after the norm",
+        atol=1e-3,
+    )
 
 
 def test_fused_add_returns_norm_and_new_residual():
@@ -81,13 +90,17 @@ def test_rotary_matches_a_complex_rotation():
 
 def test_position_zero_is_the_identity():
     q = torch.randn(3, 2, 16, device=DEVICE)
-    q_out, _ = apply_rotary(torch.zeros(3, dtype=torch.long, device=DEVICE), q, q.clone(), cos_sin_cache(8, 16))
+    q_out, _ = apply_rotary(
+        torch.zeros(3, dtype=torch.long, device=DEVICE), q, q.clone(), cos_sin_cache(8, 16)
+    )
     assert_same(q_out, q, "q at position 0", atol=1e-6)
 
 
 def test_rotation_preserves_the_norm():
     q = torch.randn(10, 3, 64, device=DEVICE)
-    q_out, _ = apply_rotary(torch.arange(10, device=DEVICE) * 13, q, q.clone(), cos_sin_cache(200, 64))
+    q_out, _ = apply_rotary(
+        torch.arange(10, device=DEVICE) * 13, q, q.clone(), cos_sin_cache(200, 64)
+    )
     assert_same(q_out.norm(dim=-1), q.norm(dim=-1), "norm of each head", atol=1e-4)
 
 
@@ -99,7 +112,9 @@ def test_scores_depend_only_on_the_distance():
         qm, _ = apply_rotary(torch.tensor([m], device=DEVICE), q, q.clone(), cache)
         _, kn = apply_rotary(torch.tensor([n], device=DEVICE), k.clone(), k, cache)
         scores.append(float((qm * kn).sum()))
-    assert max(scores) - min(scores) < 1e-4, f"q·k at distance 2 should not depend on the position: {scores}"
+    assert max(scores) - min(scores) < 1e-4, (
+        f"q·k at distance 2 should not depend on the position: {scores}"
+    )
 
 
 def test_inputs_are_not_modified():

@@ -12,14 +12,9 @@ Mirrors upstream ``minisgl.models.weight.load_weight``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Iterator, Tuple
 
 import torch
-from safetensors import safe_open
-from tqdm import tqdm
-
-from minisgl.distributed import get_tp_info
-from minisgl.layers.shard import shard_column, shard_kv_heads, shard_row, shard_vocab
 
 # checkpoint suffix -> (merged suffix, position in the merge group, group size)
 _MERGE = {
@@ -34,7 +29,9 @@ _ROW_SPLIT = (".o_proj.weight", ".down_proj.weight")
 _VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
 
 
-def shard_tensor(name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int) -> torch.Tensor:
+def shard_tensor(
+    name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int
+) -> torch.Tensor:
     """This rank's slice of checkpoint tensor ``name`` (the whole tensor when ``size`` is 1).
 
     Column-parallel weights are cut along dim 0 (KV heads replicated when there are fewer

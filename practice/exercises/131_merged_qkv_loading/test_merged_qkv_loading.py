@@ -26,12 +26,16 @@ QWEN2_KV_HEADS = 2
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """Shapes first, then the largest difference and the first index that differs."""
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
     diff = (got.detach().cpu().double() - want.detach().cpu().double()).abs()
     if bool((diff > 0).any()):
         idx = tuple(int(i) for i in (diff > 0).nonzero()[0])
-        raise AssertionError(f"{what}: max |diff| {float(diff.max()):.3g}; first at {idx}: "
-                             f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}")
+        raise AssertionError(
+            f"{what}: max |diff| {float(diff.max()):.3g}; first at {idx}: "
+            f"got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}"
+        )
 
 
 def checkpoint(path: Path) -> Dict[str, torch.Tensor]:
@@ -66,13 +70,16 @@ def mlp(layer: int, what: str) -> str:
 
 # ---- merging, one rank ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["weight", "bias"])
 def test_qkv_is_merged_q_then_k_then_v(qwen2_path, kind):
     ckpt = checkpoint(qwen2_path)
     got, _ = load_all(qwen2_path)
     for layer in range(2):
         name = attn(layer, f"qkv_proj.{kind}")
-        assert name in got, f"{name} was never yielded; got {sorted(n for n in got if 'self_attn' in n)}"
+        assert name in got, (
+            f"{name} was never yielded; got {sorted(n for n in got if 'self_attn' in n)}"
+        )
         want = torch.cat([ckpt[attn(layer, f"{p}_proj.{kind}")] for p in "qkv"])
         assert_same(got[name], want, f"{name} (rows: q 64, then k 32, then v 32)")
 
@@ -82,7 +89,9 @@ def test_gate_and_up_are_merged_gate_first(qwen2_path):
     got, _ = load_all(qwen2_path)
     for layer in range(2):
         name = mlp(layer, "gate_up_proj.weight")
-        assert name in got, f"{name} was never yielded; got {sorted(n for n in got if '.mlp.' in n)}"
+        assert name in got, (
+            f"{name} was never yielded; got {sorted(n for n in got if '.mlp.' in n)}"
+        )
         want = torch.cat([ckpt[mlp(layer, "gate_proj.weight")], ckpt[mlp(layer, "up_proj.weight")]])
         assert_same(got[name], want, f"{name} (rows: gate 128, then up 128)")
 
@@ -92,37 +101,59 @@ def test_each_name_is_yielded_once(qwen2_path):
     _, names = load_all(qwen2_path)
     dup = sorted({n for n in names if names.count(n) > 1})
     assert not dup, f"yielded more than once: {dup}"
-    members = sorted(n for n in names if any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up")))
+    members = sorted(
+        n for n in names if any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))
+    )
     assert not members, f"members of a merge group must only come out merged, got {members}"
-    merged = {n.replace(f".{p}_proj.", ".qkv_proj." if p in "qkv" else ".gate_up_proj.")
-              for n in ckpt for p in ("q", "k", "v", "gate", "up") if f".{p}_proj." in n}
-    want = {n for n in ckpt if not any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))} | merged
-    assert set(names) == want, (f"missing {sorted(want - set(names))}, unexpected {sorted(set(names) - want)}")
+    merged = {
+        n.replace(f".{p}_proj.", ".qkv_proj." if p in "qkv" else ".gate_up_proj.")
+        for n in ckpt
+        for p in ("q", "k", "v", "gate", "up")
+        if f".{p}_proj." in n
+    }
+    want = {
+        n for n in ckpt if not any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))
+    } | merged
+    assert set(names) == want, (
+        f"missing {sorted(want - set(names))}, unexpected {sorted(set(names) - want)}"
+    )
 
 
 def test_other_tensors_pass_through_unchanged(qwen2_path):
     ckpt = checkpoint(qwen2_path)
     got, _ = load_all(qwen2_path)
-    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                 attn(1, "o_proj.weight"), mlp(0, "down_proj.weight"), "model.layers.1.input_layernorm.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        attn(1, "o_proj.weight"),
+        mlp(0, "down_proj.weight"),
+        "model.layers.1.input_layernorm.weight",
+    ):
         assert name in got, f"{name} was never yielded"
         assert_same(got[name], ckpt[name], name)
 
 
 def test_tied_embeddings_are_not_duplicated(qwen3_path):
     ckpt = checkpoint(qwen3_path)
-    assert "lm_head.weight" not in ckpt, "the tiny Qwen3 is expected to be tied (no lm_head in the file)"
+    assert "lm_head.weight" not in ckpt, (
+        "the tiny Qwen3 is expected to be tied (no lm_head in the file)"
+    )
     got, names = load_all(qwen3_path)
     assert "lm_head.weight" not in got, (
-        "the loader invented lm_head.weight; a tied model's head is set by BaseLLMModel.load_state_dict")
+        "the loader invented lm_head.weight; a tied model's head is set by BaseLLMModel.load_state_dict"
+    )
     assert names.count("model.embed_tokens.weight") == 1, "the embedding must come exactly once"
     assert_same(got["model.embed_tokens.weight"], ckpt["model.embed_tokens.weight"], "embed_tokens")
 
 
 def test_dtype_and_device_are_applied(qwen2_path):
     got, _ = load_all(qwen2_path, dtype=torch.bfloat16)
-    wrong = sorted(f"{n}: {t.dtype} on {t.device}" for n, t in got.items()
-                   if t.dtype != torch.bfloat16 or t.device.type != DEVICE.type)
+    wrong = sorted(
+        f"{n}: {t.dtype} on {t.device}"
+        for n, t in got.items()
+        if t.dtype != torch.bfloat16 or t.device.type != DEVICE.type
+    )
     assert not wrong, f"every tensor must be bfloat16 on {DEVICE.type}: {wrong[:4]}"
     ckpt = checkpoint(qwen2_path)
     want = torch.cat([ckpt[attn(0, f"{p}_proj.weight")] for p in "qkv"]).to(torch.bfloat16)
@@ -137,19 +168,31 @@ def _save(path: Path, tensors: Dict[str, torch.Tensor]) -> None:
 def test_a_merge_group_may_span_files(tmp_path):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(n, 4, generator=g) for n in (4, 2, 2))
-    _save(tmp_path / "model-00001-of-00002.safetensors", {"l.self_attn.v_proj.weight": v, "l.norm.weight": q[0]})
-    _save(tmp_path / "model-00002-of-00002.safetensors", {"l.self_attn.q_proj.weight": q,
-                                                          "l.self_attn.k_proj.weight": k})
+    _save(
+        tmp_path / "model-00001-of-00002.safetensors",
+        {"l.self_attn.v_proj.weight": v, "l.norm.weight": q[0]},
+    )
+    _save(
+        tmp_path / "model-00002-of-00002.safetensors",
+        {"l.self_attn.q_proj.weight": q, "l.self_attn.k_proj.weight": k},
+    )
     got = dict(load_weight(tmp_path, DEVICE, torch.float32, 1))
     assert sorted(got) == ["l.norm.weight", "l.self_attn.qkv_proj.weight"], f"got {sorted(got)}"
-    assert_same(got["l.self_attn.qkv_proj.weight"], torch.cat([q, k, v]), "qkv merged across two files")
+    assert_same(
+        got["l.self_attn.qkv_proj.weight"], torch.cat([q, k, v]), "qkv merged across two files"
+    )
 
 
 def test_an_incomplete_merge_group_is_an_error(tmp_path):
-    _save(tmp_path / "model.safetensors", {"l.self_attn.q_proj.weight": torch.ones(4, 4),
-                                           "l.self_attn.k_proj.weight": torch.ones(2, 4),
-                                           "l.mlp.gate_proj.weight": torch.ones(8, 4),
-                                           "l.mlp.up_proj.weight": torch.ones(8, 4)})
+    _save(
+        tmp_path / "model.safetensors",
+        {
+            "l.self_attn.q_proj.weight": torch.ones(4, 4),
+            "l.self_attn.k_proj.weight": torch.ones(2, 4),
+            "l.mlp.gate_proj.weight": torch.ones(8, 4),
+            "l.mlp.up_proj.weight": torch.ones(8, 4),
+        },
+    )
     with pytest.raises(ValueError):
         list(load_weight(tmp_path, DEVICE, torch.float32, 1))
 
@@ -165,24 +208,44 @@ W = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
 
 
 def test_one_rank_keeps_everything():
-    for name in ("x.q_proj.weight", "x.o_proj.weight", "model.embed_tokens.weight", "x.norm.weight"):
+    for name in (
+        "x.q_proj.weight",
+        "x.o_proj.weight",
+        "model.embed_tokens.weight",
+        "x.norm.weight",
+    ):
         assert_same(shard_tensor(name, W, 0, 1, 2), W, f"{name} with one rank")
 
 
-@pytest.mark.parametrize("name", ["x.q_proj.weight", "x.k_proj.weight", "x.v_proj.weight", "x.gate_proj.weight",
-                                  "x.up_proj.weight", "x.q_proj.bias"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x.q_proj.weight",
+        "x.k_proj.weight",
+        "x.v_proj.weight",
+        "x.gate_proj.weight",
+        "x.up_proj.weight",
+        "x.q_proj.bias",
+    ],
+)
 def test_column_parallel_shards_cut_the_output_dim(name):
     w = W[:, 0].clone() if name.endswith("bias") else W
     for rank in range(2):
-        assert_same(shard_tensor(name, w, rank, 2, 2), w[rank * 4 : (rank + 1) * 4],
-                    f"{name}, rank {rank} of 2 (rows {rank * 4}..{rank * 4 + 3})")
+        assert_same(
+            shard_tensor(name, w, rank, 2, 2),
+            w[rank * 4 : (rank + 1) * 4],
+            f"{name}, rank {rank} of 2 (rows {rank * 4}..{rank * 4 + 3})",
+        )
 
 
 @pytest.mark.parametrize("name", ["x.o_proj.weight", "x.down_proj.weight"])
 def test_row_parallel_shards_cut_the_input_dim(name):
     for rank in range(2):
-        assert_same(shard_tensor(name, W, rank, 2, 2), W[:, rank * 3 : (rank + 1) * 3],
-                    f"{name}, rank {rank} of 2 (columns {rank * 3}..{rank * 3 + 2})")
+        assert_same(
+            shard_tensor(name, W, rank, 2, 2),
+            W[:, rank * 3 : (rank + 1) * 3],
+            f"{name}, rank {rank} of 2 (columns {rank * 3}..{rank * 3 + 2})",
+        )
 
 
 @pytest.mark.parametrize("name", ["model.embed_tokens.weight", "lm_head.weight"])
@@ -191,12 +254,20 @@ def test_vocab_shards_are_blocks_of_ceil_v_over_size(name):
     for rank, (lo, hi) in enumerate([(0, 3), (3, 6), (6, 9), (9, 10)]):
         # every rank gets 3 rows: the last rank's real row 9, then 2 zero rows of padding
         want = torch.cat([table[lo:hi], torch.zeros(3 - (hi - lo), 3)])
-        assert_same(shard_tensor(name, table, rank, 4, 4), want,
-                    f"{name}, V=10, rank {rank} of 4 (rows {lo}..{hi - 1}, zero-padded to 3)")
+        assert_same(
+            shard_tensor(name, table, rank, 4, 4),
+            want,
+            f"{name}, V=10, rank {rank} of 4 (rows {lo}..{hi - 1}, zero-padded to 3)",
+        )
 
 
 def test_replicated_tensors_stay_whole():
-    for name in ("model.norm.weight", "x.input_layernorm.weight", "x.o_proj.bias", "x.self_attn.q_norm.weight"):
+    for name in (
+        "model.norm.weight",
+        "x.input_layernorm.weight",
+        "x.o_proj.bias",
+        "x.self_attn.q_norm.weight",
+    ):
         assert_same(shard_tensor(name, W, 1, 2, 2), W, f"{name} is replicated on every rank")
 
 
@@ -206,26 +277,42 @@ def test_kv_heads_are_replicated_when_fewer_than_ranks():
     q = torch.arange(8 * 3, dtype=torch.float32).view(8, 3)
     for rank, head in enumerate([0, 0, 1, 1]):
         for name in ("x.k_proj.weight", "x.v_proj.weight"):
-            assert_same(shard_tensor(name, kv, rank, 4, 2), kv[head * head_dim : (head + 1) * head_dim],
-                        f"{name}, 2 KV heads on 4 ranks: rank {rank} keeps head {head}")
-        assert_same(shard_tensor("x.q_proj.weight", q, rank, 4, 2), q[rank * 2 : (rank + 1) * 2],
-                    f"q_proj is still cut 4 ways, rank {rank}")
+            assert_same(
+                shard_tensor(name, kv, rank, 4, 2),
+                kv[head * head_dim : (head + 1) * head_dim],
+                f"{name}, 2 KV heads on 4 ranks: rank {rank} keeps head {head}",
+            )
+        assert_same(
+            shard_tensor("x.q_proj.weight", q, rank, 4, 2),
+            q[rank * 2 : (rank + 1) * 2],
+            f"q_proj is still cut 4 ways, rank {rank}",
+        )
     bias = kv[:, 0].clone()
-    assert_same(shard_tensor("x.k_proj.bias", bias, 3, 4, 2), bias[head_dim:], "k_proj.bias, rank 3 keeps head 1")
-    assert_same(shard_tensor("x.k_proj.weight", kv, 1, 2, 1), kv, "1 KV head on 2 ranks: both keep it whole")
+    assert_same(
+        shard_tensor("x.k_proj.bias", bias, 3, 4, 2),
+        bias[head_dim:],
+        "k_proj.bias, rank 3 keeps head 1",
+    )
+    assert_same(
+        shard_tensor("x.k_proj.weight", kv, 1, 2, 1), kv, "1 KV head on 2 ranks: both keep it whole"
+    )
 
 
-@pytest.mark.parametrize("name", ["x.q_proj.weight", "x.o_proj.weight", "lm_head.weight", "x.k_proj.weight"])
+@pytest.mark.parametrize(
+    "name", ["x.q_proj.weight", "x.o_proj.weight", "lm_head.weight", "x.k_proj.weight"]
+)
 def test_a_shard_owns_its_memory(name):
     big = torch.randn(8, 8)  # both dims split 4 ways
     shard = shard_tensor(name, big, 1, 4, 1)
     held = shard.untyped_storage().nbytes()
     assert held == shard.numel() * shard.element_size(), (
         f"{name}: the shard {tuple(shard.shape)} keeps {held} bytes of storage alive, the whole tensor's "
-        f"{big.numel() * big.element_size()}; clone the slice")
+        f"{big.numel() * big.element_size()}; clone the slice"
+    )
 
 
 # ---- load_weight with several ranks --------------------------------------------------------
+
 
 def test_loading_rank_1_of_2_merges_the_shards(qwen2_path, tp):
     ckpt = checkpoint(qwen2_path)
@@ -234,12 +321,22 @@ def test_loading_rank_1_of_2_merges_the_shards(qwen2_path, tp):
     half = lambda t, dim=0: t.chunk(2, dim=dim)[1]  # noqa: E731
     for kind in ("weight", "bias"):
         want = torch.cat([half(ckpt[attn(0, f"{p}_proj.{kind}")]) for p in "qkv"])
-        assert_same(got[attn(0, f"qkv_proj.{kind}")], want, f"qkv_proj.{kind} on rank 1 of 2 (q, k, v halves)")
+        assert_same(
+            got[attn(0, f"qkv_proj.{kind}")],
+            want,
+            f"qkv_proj.{kind} on rank 1 of 2 (q, k, v halves)",
+        )
     want = torch.cat([half(ckpt[mlp(1, "gate_proj.weight")]), half(ckpt[mlp(1, "up_proj.weight")])])
     assert_same(got[mlp(1, "gate_up_proj.weight")], want, "gate_up_proj on rank 1 of 2")
-    assert_same(got[attn(0, "o_proj.weight")], half(ckpt[attn(0, "o_proj.weight")], 1), "o_proj on rank 1 of 2")
+    assert_same(
+        got[attn(0, "o_proj.weight")],
+        half(ckpt[attn(0, "o_proj.weight")], 1),
+        "o_proj on rank 1 of 2",
+    )
     assert_same(got["lm_head.weight"], half(ckpt["lm_head.weight"]), "lm_head on rank 1 of 2")
-    assert_same(got["model.norm.weight"], ckpt["model.norm.weight"], "the final norm on rank 1 of 2")
+    assert_same(
+        got["model.norm.weight"], ckpt["model.norm.weight"], "the final norm on rank 1 of 2"
+    )
 
 
 def test_loading_rank_2_of_4_replicates_a_kv_head(qwen2_path, tp):
@@ -250,5 +347,8 @@ def test_loading_rank_2_of_4_replicates_a_kv_head(qwen2_path, tp):
     for kind in ("weight", "bias"):
         q = ckpt[attn(1, f"q_proj.{kind}")].chunk(4)[2]
         k, v = (ckpt[attn(1, f"{p}_proj.{kind}")][head_dim : 2 * head_dim] for p in "kv")
-        assert_same(got[attn(1, f"qkv_proj.{kind}")], torch.cat([q, k, v]),
-                    f"qkv_proj.{kind} on rank 2 of 4 (q quarter 2, then KV head 1 of k and of v)")
+        assert_same(
+            got[attn(1, f"qkv_proj.{kind}")],
+            torch.cat([q, k, v]),
+            f"qkv_proj.{kind} on rank 2 of 4 (q quarter 2, then KV head 1 of k and of v)",
+        )

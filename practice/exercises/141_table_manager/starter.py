@@ -5,8 +5,6 @@ Mirrors upstream ``minisgl.scheduler.table.TableManager``.
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 
 

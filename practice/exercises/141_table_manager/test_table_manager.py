@@ -69,7 +69,10 @@ def test_too_small_page_table_is_refused():
 def test_token_pool_matches_the_page_table():
     tm = make(4, max_len=16)
     pool = tm.token_pool
-    assert tuple(pool.shape) == (5, 16) and pool.dtype == torch.int32 and pool.device.type == DEVICE.type, (
-        f"token_pool: shape {tuple(pool.shape)}, dtype {pool.dtype}, device {pool.device}")
+    assert (
+        tuple(pool.shape) == (5, 16)
+        and pool.dtype == torch.int32
+        and pool.device.type == DEVICE.type
+    ), f"token_pool: shape {tuple(pool.shape)}, dtype {pool.dtype}, device {pool.device}"
     assert int(pool.abs().sum()) == 0, "token_pool starts as zeros"
     assert tm.page_table.data_ptr() != pool.data_ptr(), "token_pool is a tensor of its own"

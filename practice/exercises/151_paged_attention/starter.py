@@ -14,15 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
 import torch
-import torch.nn.functional as F
-
-from minisgl.core import get_global_ctx
 
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
-    from minisgl.kvcache import MHAKVCache
 
 
 @dataclass
@@ -51,11 +47,17 @@ class TorchAttnBackend(BaseAttnBackend):
         raise NotImplementedError("Exercise 151: implement TorchAttnBackend.prepare_metadata")
 
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         raise NotImplementedError("Exercise 151: implement TorchAttnBackend.forward")
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int
+    ) -> torch.Tensor:
         """``q: [n, H_q, D]`` at positions ``offset ..``; ``k, v: [offset + n, H_kv, D]``."""
         raise NotImplementedError("Exercise 151: implement TorchAttnBackend._attend")

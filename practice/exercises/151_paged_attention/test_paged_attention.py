@@ -28,10 +28,14 @@ ATOL = 1e-4
 MIXED = dict(lens=[5, 7, 9], cached=[0, 3, 8], rows=[2, 0, 3])
 
 
-def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, cu: Optional[List[int]] = None) -> None:
+def assert_close(
+    got: torch.Tensor, want: torch.Tensor, what: str, cu: Optional[List[int]] = None
+) -> None:
     """Shapes first, then the largest difference and the first index that differs (and the
     request it belongs to, given the query offsets ``cu``)."""
-    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    )
     diff = (got.detach().cpu().double() - want.detach().cpu().double()).abs()
     bad = diff > ATOL + ATOL * want.detach().cpu().double().abs()
     if bool(bad.any()):
@@ -40,8 +44,10 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, cu: Optional[
         if cu is not None:
             req = max(i for i in range(len(cu) - 1) if cu[i] <= idx[0])
             where = f" (request {req}, its query {idx[0] - cu[req]})"
-        raise AssertionError(f"{what}: max |diff| {float(diff.max()):.3g} (allowed {ATOL} + {ATOL} * |expected|); "
-                             f"first at {idx}{where}: got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}")
+        raise AssertionError(
+            f"{what}: max |diff| {float(diff.max()):.3g} (allowed {ATOL} + {ATOL} * |expected|); "
+            f"first at {idx}{where}: got {float(got[idx]):.6g}, expected {float(want[idx]):.6g}"
+        )
 
 
 def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -60,8 +66,17 @@ class Scene:
     """Requests ``lens[i]`` tokens long with ``cached[i]`` of them in the pool, in table rows
     ``rows[i]``; ``phase`` is the batch's."""
 
-    def __init__(self, page_size: int, lens: List[int], cached: List[int], rows: List[int],
-                 phase: str = "prefill", hq: int = HQ, num_pages: int = 40, seed: int = 0) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        lens: List[int],
+        cached: List[int],
+        rows: List[int],
+        phase: str = "prefill",
+        hq: int = HQ,
+        num_pages: int = 40,
+        seed: int = 0,
+    ) -> None:
         g = torch.Generator().manual_seed(seed)
         self.ctx = Context(page_size)
         self.ctx.kv_cache = MHAKVCache(HKV, LAYERS, D, num_pages, page_size, torch.float32, DEVICE)
@@ -81,12 +96,20 @@ class Scene:
         self.v = [[torch.randn(n, HKV, D, generator=g) for n in lens] for _ in range(LAYERS)]
         for layer in range(LAYERS):  # what earlier steps stored
             for i, (row, c) in enumerate(zip(rows, cached)):
-                self.ctx.kv_cache.store_kv(self.k[layer][i][:c].to(DEVICE), self.v[layer][i][:c].to(DEVICE),
-                                           self.ctx.page_table[row, :c], layer)
-        reqs = [Req(torch.zeros(n, dtype=torch.int32), row, c, 4, uid, SamplingParams(), None)
-                for uid, (n, c, row) in enumerate(zip(lens, cached, rows))]
+                self.ctx.kv_cache.store_kv(
+                    self.k[layer][i][:c].to(DEVICE),
+                    self.v[layer][i][:c].to(DEVICE),
+                    self.ctx.page_table[row, :c],
+                    layer,
+                )
+        reqs = [
+            Req(torch.zeros(n, dtype=torch.int32), row, c, 4, uid, SamplingParams(), None)
+            for uid, (n, c, row) in enumerate(zip(lens, cached, rows))
+        ]
         self.batch = Batch(reqs, phase)  # type: ignore[arg-type]
-        self.batch.out_loc = torch.cat([self.ctx.page_table[r, c:n] for r, c, n in zip(rows, cached, lens)])
+        self.batch.out_loc = torch.cat(
+            [self.ctx.page_table[r, c:n] for r, c, n in zip(rows, cached, lens)]
+        )
 
     @property
     def cu(self) -> List[int]:
@@ -97,16 +120,22 @@ class Scene:
 
     def step(self, layer: int):
         """This step's packed q, k, v of ``layer`` (the uncached tokens of every request)."""
-        return tuple(torch.cat([x[i][c:] for i, c in enumerate(self.cached)]).to(DEVICE)
-                     for x in (self.q[layer], self.k[layer], self.v[layer]))
+        return tuple(
+            torch.cat([x[i][c:] for i, c in enumerate(self.cached)]).to(DEVICE)
+            for x in (self.q[layer], self.k[layer], self.v[layer])
+        )
 
     def forward(self, layer: int) -> torch.Tensor:
         q, k, v = self.step(layer)
         return self.backend.forward(q, k, v, layer, self.batch)
 
     def reference(self, layer: int) -> torch.Tensor:
-        return torch.cat([dense_causal(self.q[layer][i], self.k[layer][i], self.v[layer][i])[c:]
-                          for i, c in enumerate(self.cached)])
+        return torch.cat(
+            [
+                dense_causal(self.q[layer][i], self.k[layer][i], self.v[layer][i])[c:]
+                for i, c in enumerate(self.cached)
+            ]
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +147,9 @@ def _clear_context():
 def metadata(scene: Scene) -> TorchAttnMetadata:
     scene.backend.prepare_metadata(scene.batch)
     meta = scene.batch.attn_metadata
-    assert isinstance(meta, TorchAttnMetadata), f"batch.attn_metadata must be a TorchAttnMetadata, got {type(meta)}"
+    assert isinstance(meta, TorchAttnMetadata), (
+        f"batch.attn_metadata must be a TorchAttnMetadata, got {type(meta)}"
+    )
     return meta
 
 
@@ -128,31 +159,43 @@ def ints(xs) -> List[int]:
 
 # ---- prepare_metadata ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_metadata_of_a_mixed_batch(page_size):
     s = Scene(page_size, **MIXED)
     meta = metadata(s)
     assert ints(meta.cu_seqlens_q) == [0, 5, 9, 10], (
-        f"cu_seqlens_q: extend lens are 5, 4, 1, so [0, 5, 9, 10]; got {ints(meta.cu_seqlens_q)}")
+        f"cu_seqlens_q: extend lens are 5, 4, 1, so [0, 5, 9, 10]; got {ints(meta.cu_seqlens_q)}"
+    )
     assert ints(meta.cached_lens) == [0, 3, 8], f"cached_lens: got {ints(meta.cached_lens)}"
-    assert ints(meta.seq_lens) == [5, 7, 9], f"seq_lens (the whole context): got {ints(meta.seq_lens)}"
+    assert ints(meta.seq_lens) == [5, 7, 9], (
+        f"seq_lens (the whole context): got {ints(meta.seq_lens)}"
+    )
     last = meta.get_last_indices(3)
     assert last.tolist() == [4, 8, 9], (
-        f"last_indices: the rows of each request's last query are [4, 8, 9], got {last.tolist()}")
+        f"last_indices: the rows of each request's last query are [4, 8, 9], got {last.tolist()}"
+    )
     assert last.dtype == torch.int64 and last.device.type == DEVICE.type, (
-        f"last_indices must be int64 on {DEVICE.type}, got {last.dtype} on {last.device}")
-    assert meta.get_last_indices(2).tolist() == [4, 8], "get_last_indices(bs) is the first bs entries"
+        f"last_indices must be int64 on {DEVICE.type}, got {last.dtype} on {last.device}"
+    )
+    assert meta.get_last_indices(2).tolist() == [4, 8], (
+        "get_last_indices(bs) is the first bs entries"
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_metadata_reads_the_row_of_each_request(page_size):
     s = Scene(page_size, **MIXED)
     meta = metadata(s)
-    assert len(meta.kv_indices) == 3, f"one kv_indices entry per request, got {len(meta.kv_indices)}"
+    assert len(meta.kv_indices) == 3, (
+        f"one kv_indices entry per request, got {len(meta.kv_indices)}"
+    )
     for i, (row, n) in enumerate(zip(s.rows, s.lens)):
         want = s.ctx.page_table[row, :n].tolist()
         got = [int(x) for x in meta.kv_indices[i]]
-        assert got == want, f"kv_indices[{i}]: request {i} lives in table row {row}; its slots are {want}, got {got}"
+        assert got == want, (
+            f"kv_indices[{i}]: request {i} lives in table row {row}; its slots are {want}, got {got}"
+        )
 
 
 def test_padded_requests_get_metadata_too():
@@ -160,12 +203,16 @@ def test_padded_requests_get_metadata_too():
     dummy = Req(torch.zeros(1, dtype=torch.int32), ROWS, 0, 1, 99, SamplingParams(), None)
     s.batch.padded_reqs = s.batch.reqs + [dummy]  # as CUDA graphs pad a decode batch
     meta = metadata(s)
-    assert ints(meta.cu_seqlens_q) == [0, 1, 2, 3], f"padded_reqs count: got cu_seqlens_q {ints(meta.cu_seqlens_q)}"
+    assert ints(meta.cu_seqlens_q) == [0, 1, 2, 3], (
+        f"padded_reqs count: got cu_seqlens_q {ints(meta.cu_seqlens_q)}"
+    )
     assert meta.get_last_indices(s.batch.padded_size).tolist() == [0, 1, 2], (
-        f"get_last_indices(padded_size) must cover the padding; got {meta.get_last_indices(3).tolist()}")
+        f"get_last_indices(padded_size) must cover the padding; got {meta.get_last_indices(3).tolist()}"
+    )
 
 
 # ---- forward ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_forward_stores_this_steps_kv(page_size):
@@ -189,14 +236,18 @@ def test_no_cached_prefix_equals_dense_attention(page_size):
 def test_a_cached_prefix_is_visible(page_size):
     s = Scene(page_size, **MIXED)
     metadata(s)
-    assert_close(s.forward(0), s.reference(0), "output with cached prefixes of 0, 3 and 8 tokens", s.cu)
+    assert_close(
+        s.forward(0), s.reference(0), "output with cached prefixes of 0, 3 and 8 tokens", s.cu
+    )
 
 
 @pytest.mark.parametrize("hq", [4, 2], ids=["gqa", "mha"])
 def test_grouped_and_plain_multi_head(hq):
     s = Scene(4, hq=hq, **MIXED)
     metadata(s)
-    assert_close(s.forward(0), s.reference(0), f"output with {hq} query heads and {HKV} KV heads", s.cu)
+    assert_close(
+        s.forward(0), s.reference(0), f"output with {hq} query heads and {HKV} KV heads", s.cu
+    )
 
 
 def test_each_layer_reads_its_own_slots():
@@ -210,14 +261,23 @@ def test_each_layer_reads_its_own_slots():
 def test_decode_step_over_scattered_pages(page_size):
     s = Scene(page_size, lens=[6, 11, 2], cached=[5, 10, 1], rows=[3, 1, 2], phase="decode", seed=1)
     meta = metadata(s)
-    assert meta.get_last_indices(3).tolist() == [0, 1, 2], "in decode each request has one query: its own row"
-    assert_close(s.forward(1), s.reference(1), "decode output (the last row of dense attention)", s.cu)
+    assert meta.get_last_indices(3).tolist() == [0, 1, 2], (
+        "in decode each request has one query: its own row"
+    )
+    assert_close(
+        s.forward(1), s.reference(1), "decode output (the last row of dense attention)", s.cu
+    )
 
 
 def test_output_keeps_the_query_layout():
     s = Scene(1, **MIXED)
     metadata(s)
     out = s.forward(0)
-    assert tuple(out.shape) == (10, HQ, D) and out.dtype == torch.float32 and out.device.type == DEVICE.type, (
+    assert (
+        tuple(out.shape) == (10, HQ, D)
+        and out.dtype == torch.float32
+        and out.device.type == DEVICE.type
+    ), (
         f"forward returns [T, H_q, D] = (10, {HQ}, {D}) float32 on {DEVICE.type}, "
-        f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+        f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+    )

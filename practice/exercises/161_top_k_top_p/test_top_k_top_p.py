@@ -34,9 +34,17 @@ def test_top_k_keeps_the_k_largest():
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     x = logits_of([0.5, 0.3, 0.15, 0.05])
-    for p, want in [(0.45, [0]), (0.55, [0, 1]), (0.79, [0, 1]), (0.81, [0, 1, 2]), (1.0, [0, 1, 2, 3])]:
+    for p, want in [
+        (0.45, [0]),
+        (0.55, [0, 1]),
+        (0.79, [0, 1]),
+        (0.81, [0, 1, 2]),
+        (1.0, [0, 1, 2, 3]),
+    ]:
         got = kept(top_k_top_p_filter(x, None, torch.tensor([p], device=DEVICE)))[0]
-        assert got == want, f"top_p={p} on probabilities [0.5, 0.3, 0.15, 0.05]: keep {want}, kept {got}"
+        assert got == want, (
+            f"top_p={p} on probabilities [0.5, 0.3, 0.15, 0.05]: keep {want}, kept {got}"
+        )
 
 
 def test_the_best_token_always_survives():
@@ -48,16 +56,22 @@ def test_the_best_token_always_survives():
 def test_top_p_is_applied_after_top_k():
     # after top-k=2 the probabilities are [4/7, 3/7]: the second one's mass before is 4/7 >= 0.5
     x = logits_of([0.4, 0.3, 0.2, 0.1])
-    got = kept(top_k_top_p_filter(x, torch.tensor([2], device=DEVICE), torch.tensor([0.5], device=DEVICE)))
-    assert got == [[0]], (f"kept {got}: top-p must use the distribution renormalised after top-k "
-                          "(4/7 of the mass is above token 1, more than top_p=0.5)")
+    got = kept(
+        top_k_top_p_filter(x, torch.tensor([2], device=DEVICE), torch.tensor([0.5], device=DEVICE))
+    )
+    assert got == [[0]], (
+        f"kept {got}: top-p must use the distribution renormalised after top-k "
+        "(4/7 of the mass is above token 1, more than top_p=0.5)"
+    )
 
 
 def test_filter_keeps_the_vocabulary_order():
     x = logits_of([0.05, 0.5, 0.15, 0.3])
     out = top_k_top_p_filter(x, torch.tensor([3], device=DEVICE), None)
     assert kept(out) == [[1, 2, 3]], f"kept {kept(out)}"
-    assert torch.equal(out[0, 1:], x[0, 1:]), "surviving logits keep their values and their positions"
+    assert torch.equal(out[0, 1:], x[0, 1:]), (
+        "surviving logits keep their values and their positions"
+    )
 
 
 def test_all_greedy_batch_takes_the_argmax():
@@ -70,8 +84,10 @@ def test_all_greedy_batch_takes_the_argmax():
 def test_greedy_rows_of_a_mixed_batch_take_the_argmax():
     s = Sampler(DEVICE, vocab_size=4)
     x = logits_of([0.3, 0.2, 0.4, 0.1], [0.25, 0.25, 0.25, 0.25])
-    args = BatchSamplingArgs(temperatures=torch.tensor([1.0, 1.0], device=DEVICE),
-                             greedy=torch.tensor([True, False], device=DEVICE))
+    args = BatchSamplingArgs(
+        temperatures=torch.tensor([1.0, 1.0], device=DEVICE),
+        greedy=torch.tensor([True, False], device=DEVICE),
+    )
     for _ in range(20):
         out = s.sample(x, args)
         assert int(out[0]) == 2, f"row 0 is greedy: always token 2, got {out.tolist()}"
@@ -81,10 +97,12 @@ def test_greedy_rows_of_a_mixed_batch_take_the_argmax():
 def test_filtered_tokens_are_never_drawn():
     s = Sampler(DEVICE, vocab_size=5)
     x = logits_of(*[[0.3, 0.25, 0.2, 0.15, 0.1]] * 64)
-    args = BatchSamplingArgs(temperatures=torch.full((64,), 1.0, device=DEVICE),
-                             top_k=torch.full((64,), 5, device=DEVICE),
-                             top_p=torch.full((64,), 0.5, device=DEVICE),
-                             greedy=torch.zeros(64, dtype=torch.bool, device=DEVICE))
+    args = BatchSamplingArgs(
+        temperatures=torch.full((64,), 1.0, device=DEVICE),
+        top_k=torch.full((64,), 5, device=DEVICE),
+        top_p=torch.full((64,), 0.5, device=DEVICE),
+        greedy=torch.zeros(64, dtype=torch.bool, device=DEVICE),
+    )
     drawn = set(s.sample(x, args).cpu().tolist())
     assert drawn <= {0, 1}, f"top_p=0.5 keeps tokens {{0, 1}}, drew {sorted(drawn)}"
 
@@ -93,18 +111,26 @@ def test_sampled_frequencies_follow_the_distribution():
     s = Sampler(DEVICE, vocab_size=3, seed=0)
     n = 4000
     x = logits_of(*[[0.7, 0.2, 0.1]] * n)
-    args = BatchSamplingArgs(temperatures=torch.full((n,), 1.0, device=DEVICE),
-                             greedy=torch.zeros(n, dtype=torch.bool, device=DEVICE))
+    args = BatchSamplingArgs(
+        temperatures=torch.full((n,), 1.0, device=DEVICE),
+        greedy=torch.zeros(n, dtype=torch.bool, device=DEVICE),
+    )
     freq = torch.bincount(s.sample(x, args).cpu(), minlength=3).float() / n
-    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03), f"frequencies {freq.tolist()}"
+    assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03), (
+        f"frequencies {freq.tolist()}"
+    )
 
 
 def test_temperature_sharpens():
     s = Sampler(DEVICE, vocab_size=2, seed=0)
     n = 4000
     x = logits_of(*[[0.6, 0.4]] * n)
-    args = BatchSamplingArgs(temperatures=torch.full((n,), 0.25, device=DEVICE),
-                             greedy=torch.zeros(n, dtype=torch.bool, device=DEVICE))
+    args = BatchSamplingArgs(
+        temperatures=torch.full((n,), 0.25, device=DEVICE),
+        greedy=torch.zeros(n, dtype=torch.bool, device=DEVICE),
+    )
     share = float((s.sample(x, args) == 0).float().mean())
     want = 0.6**4 / (0.6**4 + 0.4**4)  # softmax(log p / T) with T = 1/4
-    assert abs(share - want) < 0.03, f"with temperature 0.25 token 0 should come {want:.3f} of the time, came {share:.3f}"
+    assert abs(share - want) < 0.03, (
+        f"with temperature 0.25 token 0 should come {want:.3f} of the time, came {share:.3f}"
+    )

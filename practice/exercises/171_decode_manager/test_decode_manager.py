@@ -9,13 +9,24 @@ from minisgl.kvcache import create_prefix_cache
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq
 
-HANDLE = create_prefix_cache(torch.device("cpu"), "naive").match_prefix(torch.empty(0, dtype=torch.int32)).cuda_handle
+HANDLE = (
+    create_prefix_cache(torch.device("cpu"), "naive")
+    .match_prefix(torch.empty(0, dtype=torch.int32))
+    .cuda_handle
+)
 
 
 def make_req(uid: int, prompt_len: int = 4, max_tokens: int = 3, cls=Req) -> Req:
     ids = torch.arange(prompt_len, dtype=torch.int32)
-    return cls(input_ids=ids, table_idx=uid, cached_len=0, output_len=max_tokens, uid=uid,
-               sampling_params=SamplingParams(max_tokens=max_tokens), cache_handle=HANDLE)
+    return cls(
+        input_ids=ids,
+        table_idx=uid,
+        cached_len=0,
+        output_len=max_tokens,
+        uid=uid,
+        sampling_params=SamplingParams(max_tokens=max_tokens),
+        cache_handle=HANDLE,
+    )
 
 
 def step(req: Req) -> Req:
@@ -29,7 +40,9 @@ def test_prefilled_requests_join():
     dm = DecodeManager(page_size=1)
     a, b = step(make_req(1)), step(make_req(2))
     dm.filter_reqs([a, b])
-    assert dm.running_reqs == {a, b}, f"both requests can still decode, running_reqs = {dm.running_reqs}"
+    assert dm.running_reqs == {a, b}, (
+        f"both requests can still decode, running_reqs = {dm.running_reqs}"
+    )
     dm.filter_reqs([a])
     assert dm.running_reqs == {a, b}, "filtering merges: a request already running must stay"
 
@@ -43,7 +56,8 @@ def test_finished_and_chunked_requests_leave():
     dm.filter_reqs([done, chunk, alive])
     assert dm.running_reqs == {alive}, (
         f"only requests with can_decode stay: remain_len of done={done.remain_len}, a ChunkedReq never decodes; "
-        f"got uids {sorted(r.uid for r in dm.running_reqs)}")
+        f"got uids {sorted(r.uid for r in dm.running_reqs)}"
+    )
 
 
 def test_remove_and_abort():
@@ -62,14 +76,17 @@ def test_inflight_tokens_count_what_is_left():
     a, b = step(make_req(1, max_tokens=5)), step(make_req(2, max_tokens=3))
     dm.filter_reqs([a, b])
     assert dm.inflight_tokens == a.remain_len + b.remain_len == 4 + 2, (
-        f"inflight_tokens is the sum of remain_len with page size 1, got {dm.inflight_tokens}")
+        f"inflight_tokens is the sum of remain_len with page size 1, got {dm.inflight_tokens}"
+    )
 
 
 def test_inflight_tokens_reserve_a_page_each():
     dm = DecodeManager(page_size=4)
     a, b = step(make_req(1, max_tokens=5)), step(make_req(2, max_tokens=3))
     dm.filter_reqs([a, b])
-    assert dm.inflight_tokens == 6 + 2 * 3, f"remain_len 6 plus (page_size - 1) per request = 12, got {dm.inflight_tokens}"
+    assert dm.inflight_tokens == 6 + 2 * 3, (
+        f"remain_len 6 plus (page_size - 1) per request = 12, got {dm.inflight_tokens}"
+    )
 
 
 def test_batch_is_sorted_by_uid():

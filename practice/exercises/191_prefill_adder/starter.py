@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, List, Tuple
 import torch
 
 from minisgl.core import Batch, Req
-from minisgl.utils.device import pin
 
 from .utils import PendingReq
 
@@ -59,7 +58,11 @@ class PrefillAdder:
         raise NotImplementedError("Exercise 191: implement PrefillAdder._try_allocate_one")
 
     def _add_one_req(
-        self, pending_req: PendingReq, cache_handle: BaseCacheHandle, table_idx: int, cached_len: int
+        self,
+        pending_req: PendingReq,
+        cache_handle: BaseCacheHandle,
+        table_idx: int,
+        cached_len: int,
     ) -> Req:
         """Take the next chunk of the prompt (all of it if the budget allows) into the batch
         and write its token ids into the token pool."""

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
+from minisgl.message import UserMsg
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillAdder, PrefillManager
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
-from minisgl.message import UserMsg
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 ROWS, MAX_LEN = 4, 64
@@ -27,18 +27,29 @@ ROWS, MAX_LEN = 4, 64
 class Setup:
     """A KV cache of ``num_pages`` one-token pages and a request table of ``rows`` rows."""
 
-    def __init__(self, num_pages: int = 32, rows: int = ROWS, cache: str = "radix", page_size: int = 1) -> None:
+    def __init__(
+        self, num_pages: int = 32, rows: int = ROWS, cache: str = "radix", page_size: int = 1
+    ) -> None:
         self.page_table = torch.zeros(rows + 1, MAX_LEN, dtype=torch.int32, device=DEVICE)
-        self.cache = CacheManager(num_pages=num_pages, page_size=page_size, page_table=self.page_table, type=cache)
+        self.cache = CacheManager(
+            num_pages=num_pages, page_size=page_size, page_table=self.page_table, type=cache
+        )
         self.table = TableManager(rows, self.page_table)
 
     def adder(self, token_budget: int = 1000, reserved_size: int = 0) -> PrefillAdder:
-        return PrefillAdder(token_budget=token_budget, reserved_size=reserved_size,
-                            cache_manager=self.cache, table_manager=self.table)
+        return PrefillAdder(
+            token_budget=token_budget,
+            reserved_size=reserved_size,
+            cache_manager=self.cache,
+            table_manager=self.table,
+        )
 
     def cache_prefix(self, ids: torch.Tensor) -> torch.Tensor:
         """Put ``ids`` in the radix cache (unlocked, so evictable); returns their slots."""
-        slots, self.cache.free_slots = self.cache.free_slots[: len(ids)], self.cache.free_slots[len(ids):]
+        slots, self.cache.free_slots = (
+            self.cache.free_slots[: len(ids)],
+            self.cache.free_slots[len(ids) :],
+        )
         self.cache.prefix_cache.insert_prefix(ids, slots)
         return slots
 
@@ -50,45 +61,61 @@ def pending(uid: int, prompt_len: int, max_tokens: int, start: int = 100) -> Pen
 
 # ---- PrefillAdder: admission -------------------------------------------------------------
 
+
 def test_admits_a_request_that_fits():
     s = Setup()
     adder = s.adder(token_budget=100, reserved_size=3)
     req = adder.try_add_one(pending(7, 10, 5))
-    assert req is not None, "a 10-token prompt with max_tokens=5 fits in 32 free KV tokens but was refused"
-    assert type(req).__name__ == "Req", f"a prompt within the budget is not chunked, got {type(req).__name__}"
+    assert req is not None, (
+        "a 10-token prompt with max_tokens=5 fits in 32 free KV tokens but was refused"
+    )
+    assert type(req).__name__ == "Req", (
+        f"a prompt within the budget is not chunked, got {type(req).__name__}"
+    )
     assert (req.uid, req.cached_len, req.device_len, req.output_len) == (7, 0, 10, 5), req
     assert s.table.available_size == ROWS - 1, "admission must take one row of the request table"
-    assert adder.token_budget == 90, f"the budget drops by the 10 prompt tokens, got {adder.token_budget}"
+    assert adder.token_budget == 90, (
+        f"the budget drops by the 10 prompt tokens, got {adder.token_budget}"
+    )
     assert adder.reserved_size == 3 + 10 + 5, (
-        f"reserved_size must grow by prompt + max_tokens (3 -> 18), got {adder.reserved_size}")
+        f"reserved_size must grow by prompt + max_tokens (3 -> 18), got {adder.reserved_size}"
+    )
 
 
 def test_writes_the_prompt_into_the_token_pool():
     s = Setup()
     req = s.adder().try_add_one(pending(0, 6, 2, start=500))
     row = s.table.token_pool[req.table_idx, :6].cpu()
-    assert row.tolist() == list(range(500, 506)), f"token_pool[{req.table_idx}, :6] = {row.tolist()}"
+    assert row.tolist() == list(range(500, 506)), (
+        f"token_pool[{req.table_idx}, :6] = {row.tolist()}"
+    )
 
 
 def test_refuses_a_request_past_the_kv_limit():
     s = Setup(num_pages=32)
     req = s.adder().try_add_one(pending(0, 20, 13))
-    assert req is None, ("admitted a request that needs 20 + 13 = 33 KV tokens with only 32 available: "
-                         "the estimate is prompt + max_tokens (+ reserved_size) against "
-                         "cache_manager.available_size")
+    assert req is None, (
+        "admitted a request that needs 20 + 13 = 33 KV tokens with only 32 available: "
+        "the estimate is prompt + max_tokens (+ reserved_size) against "
+        "cache_manager.available_size"
+    )
     assert s.table.available_size == ROWS, "a refused request must not keep a table row"
 
 
 def test_admits_a_request_that_exactly_fills_the_cache():
     s = Setup(num_pages=32)
-    assert s.adder().try_add_one(pending(0, 20, 12)) is not None, "20 + 12 = 32 KV tokens fit in 32 (use >, not >=)"
+    assert s.adder().try_add_one(pending(0, 20, 12)) is not None, (
+        "20 + 12 = 32 KV tokens fit in 32 (use >, not >=)"
+    )
 
 
 def test_counts_the_decode_reservation():
     s = Setup(num_pages=32)
     req = s.adder(reserved_size=10).try_add_one(pending(0, 15, 10))
-    assert req is None, ("admitted 25 KV tokens with 32 available but 10 already reserved for running "
-                         "decodes: compare needed + reserved_size with available_size")
+    assert req is None, (
+        "admitted 25 KV tokens with 32 available but 10 already reserved for running "
+        "decodes: compare needed + reserved_size with available_size"
+    )
 
 
 def test_reservations_add_up_within_one_step():
@@ -96,8 +123,10 @@ def test_reservations_add_up_within_one_step():
     adder = s.adder()
     assert adder.try_add_one(pending(0, 10, 10)) is not None
     second = adder.try_add_one(pending(1, 8, 7))
-    assert second is None, ("the first request reserved 20 of 32 KV tokens, the second needs 15: "
-                            "pages are only allocated later, so each admission must add to reserved_size")
+    assert second is None, (
+        "the first request reserved 20 of 32 KV tokens, the second needs 15: "
+        "pages are only allocated later, so each admission must add to reserved_size"
+    )
 
 
 def test_each_admission_reserves_a_page_of_slack():
@@ -108,20 +137,29 @@ def test_each_admission_reserves_a_page_of_slack():
     first = adder.try_add_one(pending(0, 1, 1))
     assert first is not None
     assert adder.reserved_size == 1 + 1 + 3, (
-        f"reserved_size must grow by prompt 1 + max_tokens 1 + (page_size - 1) = 5, got {adder.reserved_size}")
-    assert adder.try_add_one(pending(1, 1, 1)) is not None, "a second request fits in the second page"
+        f"reserved_size must grow by prompt 1 + max_tokens 1 + (page_size - 1) = 5, got {adder.reserved_size}"
+    )
+    assert adder.try_add_one(pending(1, 1, 1)) is not None, (
+        "a second request fits in the second page"
+    )
     third = adder.try_add_one(pending(2, 1, 1))
-    assert third is None, ("admitted a third request into a pool of 2 pages: each request takes a whole page "
-                           "of 4 slots, but only 2 + 2 + 2 = 6 of 8 tokens were counted; reserve page_size - 1 "
-                           "more per admitted request")
-    s.cache.allocate_paged([first])  # pages are allocated after scheduling: both must still be there
+    assert third is None, (
+        "admitted a third request into a pool of 2 pages: each request takes a whole page "
+        "of 4 slots, but only 2 + 2 + 2 = 6 of 8 tokens were counted; reserve page_size - 1 "
+        "more per admitted request"
+    )
+    s.cache.allocate_paged(
+        [first]
+    )  # pages are allocated after scheduling: both must still be there
 
 
 def test_refuses_when_no_table_row_is_free():
     s = Setup(rows=2)
     adder = s.adder()
     assert adder.try_add_one(pending(0, 2, 1)) and adder.try_add_one(pending(1, 2, 1))
-    assert adder.try_add_one(pending(2, 2, 1)) is None, "both rows are taken: the third request must wait"
+    assert adder.try_add_one(pending(2, 2, 1)) is None, (
+        "both rows are taken: the third request must wait"
+    )
 
 
 def test_refuses_when_the_token_budget_is_spent():
@@ -132,6 +170,7 @@ def test_refuses_when_the_token_budget_is_spent():
 
 # ---- PrefillAdder: prefix cache ------------------------------------------------------------
 
+
 def test_prefix_hit_computes_only_the_uncached_tail():
     s = Setup(num_pages=32)
     p = pending(0, 12, 4)
@@ -139,9 +178,15 @@ def test_prefix_hit_computes_only_the_uncached_tail():
     adder = s.adder(token_budget=100)
     req = adder.try_add_one(p)
     assert req is not None and req.cached_len == 8, f"8 prompt tokens are cached, got {req}"
-    assert adder.token_budget == 96, f"only the 4 uncached tokens cost budget, budget is {adder.token_budget}"
-    assert adder.reserved_size == 4 + 4, f"reserve the uncached 4 + max_tokens 4, got {adder.reserved_size}"
-    assert s.page_table[req.table_idx, :8].cpu().tolist() == slots.cpu().tolist(), "row must point at the cached slots"
+    assert adder.token_budget == 96, (
+        f"only the 4 uncached tokens cost budget, budget is {adder.token_budget}"
+    )
+    assert adder.reserved_size == 4 + 4, (
+        f"reserve the uncached 4 + max_tokens 4, got {adder.reserved_size}"
+    )
+    assert s.page_table[req.table_idx, :8].cpu().tolist() == slots.cpu().tolist(), (
+        "row must point at the cached slots"
+    )
     assert s.table.token_pool[req.table_idx, :12].cpu().tolist() == p.input_ids.tolist()
 
 
@@ -151,22 +196,31 @@ def test_refusal_after_locking_the_prefix_unlocks_it():
     p = pending(0, 10, 5)
     s.cache_prefix(p.input_ids[:8])
     assert s.cache.available_size == 12
-    assert s.adder().try_add_one(p) is None, "once the prefix is locked only 4 tokens are available for 7"
+    assert s.adder().try_add_one(p) is None, (
+        "once the prefix is locked only 4 tokens are available for 7"
+    )
     assert s.cache.available_size == 12, "the refused request left its prefix locked (unlock it)"
     assert s.table.available_size == ROWS
 
 
 # ---- PrefillAdder: chunked prefill -----------------------------------------------------------
 
+
 def test_chunks_a_prompt_longer_than_the_budget():
     s = Setup()
     adder = s.adder(token_budget=8)
     p = pending(0, 20, 3)
     req = adder.try_add_one(p)
-    assert isinstance(req, ChunkedReq), f"20 prompt tokens with a budget of 8 must give a ChunkedReq, got {req!r}"
-    assert (req.cached_len, req.device_len) == (0, 8), f"the first chunk is tokens [0, 8), got {req}"
+    assert isinstance(req, ChunkedReq), (
+        f"20 prompt tokens with a budget of 8 must give a ChunkedReq, got {req!r}"
+    )
+    assert (req.cached_len, req.device_len) == (0, 8), (
+        f"the first chunk is tokens [0, 8), got {req}"
+    )
     assert adder.token_budget == 0
-    assert adder.reserved_size == 20 + 3, "reserve the whole remaining prompt and the output at once"
+    assert adder.reserved_size == 20 + 3, (
+        "reserve the whole remaining prompt and the output at once"
+    )
     assert adder.try_add_one(pending(1, 2, 1)) is None, "no budget is left in this step"
 
 
@@ -179,8 +233,12 @@ def test_a_chunked_request_continues_in_its_own_row():
     rows_free = s.table.available_size
     second = s.adder(token_budget=8).try_add_one(p)
     assert isinstance(second, ChunkedReq) and second.table_idx == first.table_idx
-    assert (second.cached_len, second.device_len) == (8, 16), f"the second chunk is [8, 16), got {second}"
-    assert s.table.available_size == rows_free, "continuing a chunked prompt must not take another row"
+    assert (second.cached_len, second.device_len) == (8, 16), (
+        f"the second chunk is [8, 16), got {second}"
+    )
+    assert s.table.available_size == rows_free, (
+        "continuing a chunked prompt must not take another row"
+    )
     second.complete_one()
     p.chunked_req = second
     last = s.adder(token_budget=8).try_add_one(p)
@@ -190,6 +248,7 @@ def test_a_chunked_request_continues_in_its_own_row():
 
 # ---- PrefillManager: the queue ----------------------------------------------------------------
 
+
 def manager(s: Setup, decoding=()) -> PrefillManager:
     dm = DecodeManager(page_size=1)
     dm.filter_reqs(decoding)
@@ -198,7 +257,9 @@ def manager(s: Setup, decoding=()) -> PrefillManager:
 
 def enqueue(pm: PrefillManager, uid: int, prompt_len: int, max_tokens: int) -> None:
     ids = torch.arange(100, 100 + prompt_len, dtype=torch.int32)
-    pm.add_one_req(UserMsg(uid=uid, input_ids=ids, sampling_params=SamplingParams(max_tokens=max_tokens)))
+    pm.add_one_req(
+        UserMsg(uid=uid, input_ids=ids, sampling_params=SamplingParams(max_tokens=max_tokens))
+    )
 
 
 def test_queue_stops_at_the_first_request_that_does_not_fit():
@@ -209,8 +270,10 @@ def test_queue_stops_at_the_first_request_that_does_not_fit():
     enqueue(pm, 2, 2, 1)  # 3: would fit, but must not overtake request 1
     batch = pm.schedule_next_batch(prefill_budget=100)
     uids = [r.uid for r in batch.reqs]
-    assert uids == [0], (f"admitted {uids}: first come, first served stops at request 1, which does not "
-                         "fit; skipping it lets small requests overtake a large one forever")
+    assert uids == [0], (
+        f"admitted {uids}: first come, first served stops at request 1, which does not "
+        "fit; skipping it lets small requests overtake a large one forever"
+    )
     assert [p.uid for p in pm.pending_list] == [1, 2]
 
 
@@ -226,13 +289,16 @@ def test_queue_admits_in_arrival_order():
 
 def test_queue_keeps_the_decode_reservation():
     s = Setup(num_pages=32)
-    running = s.adder().try_add_one(pending(9, 4, 21))  # will still need 21 KV tokens while decoding
+    running = s.adder().try_add_one(
+        pending(9, 4, 21)
+    )  # will still need 21 KV tokens while decoding
     running.complete_one()
     pm = manager(s, [running])
     enqueue(pm, 0, 10, 5)  # 15 more: 21 + 15 > 32
     assert pm.schedule_next_batch(prefill_budget=100) is None, (
         "the running request may still take 21 KV tokens (decode_manager.inflight_tokens); "
-        "admitting 15 more could run out of KV mid-decode")
+        "admitting 15 more could run out of KV mid-decode"
+    )
     assert [p.uid for p in pm.pending_list] == [0]
 
 
@@ -244,7 +310,9 @@ def test_queue_puts_a_chunked_prompt_back_at_the_head():
     batch = pm.schedule_next_batch(prefill_budget=8)
     assert [r.uid for r in batch.reqs] == [0] and isinstance(batch.reqs[0], ChunkedReq)
     assert [p.uid for p in pm.pending_list] == [0, 1], "the chunked prompt stays first in the queue"
-    assert pm.pending_list[0].chunked_req is batch.reqs[0], "remember the chunk in pending_req.chunked_req"
+    assert pm.pending_list[0].chunked_req is batch.reqs[0], (
+        "remember the chunk in pending_req.chunked_req"
+    )
     batch.reqs[0].complete_one()
     batch = pm.schedule_next_batch(prefill_budget=16)
     assert [r.uid for r in batch.reqs] == [0, 1], f"got {[r.uid for r in batch.reqs]}"

@@ -74,11 +74,17 @@ class PrefillAdder:
             self.table_manager.token_pool[table_idx, : handle.cached_len].copy_(
                 prefix.pin_memory() if pin(device) else prefix, non_blocking=True
             )
-            self.table_manager.page_table[table_idx, : handle.cached_len].copy_(handle.get_matched_indices())
+            self.table_manager.page_table[table_idx, : handle.cached_len].copy_(
+                handle.get_matched_indices()
+            )
         return handle, table_idx
 
     def _add_one_req(
-        self, pending_req: PendingReq, cache_handle: BaseCacheHandle, table_idx: int, cached_len: int
+        self,
+        pending_req: PendingReq,
+        cache_handle: BaseCacheHandle,
+        table_idx: int,
+        cached_len: int,
     ) -> Req:
         """Take the next chunk of the prompt (all of it if the budget allows) into the batch
         and write its token ids into the token pool."""

@@ -10,13 +10,12 @@ Mirrors upstream ``minisgl.scheduler.cache.CacheManager`` (explained in chapter 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Iterator, List
 
 import torch
 
 from minisgl.core import Req
 from minisgl.kvcache import BaseCacheHandle, MatchResult, create_prefix_cache
-from minisgl.utils import div_ceil
 
 if TYPE_CHECKING:
     from .utils import PendingReq
@@ -80,7 +79,9 @@ class CacheManager:
             evicted = self.prefix_cache.evict((num_pages - len(self.free_slots)) * self.page_size)
             self.free_slots = torch.cat([self.free_slots, evicted[:: self.page_size]])
             if num_pages > len(self.free_slots):
-                raise RuntimeError(f"out of KV pages: need {num_pages}, have {len(self.free_slots)}")
+                raise RuntimeError(
+                    f"out of KV pages: need {num_pages}, have {len(self.free_slots)}"
+                )
         pages, self.free_slots = self.free_slots[:num_pages], self.free_slots[num_pages:]
         return pages
 

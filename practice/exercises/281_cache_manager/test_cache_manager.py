@@ -37,7 +37,9 @@ class Setup:
     def __init__(self, P: int, num_pages: int, cache: str = "naive", rows: int = 4) -> None:
         self.P, self.num_pages = P, num_pages
         self.page_table = torch.zeros(rows + 1, MAX_LEN, dtype=torch.int32, device=DEVICE)
-        self.cache = CacheManager(num_pages=num_pages, page_size=P, page_table=self.page_table, type=cache)
+        self.cache = CacheManager(
+            num_pages=num_pages, page_size=P, page_table=self.page_table, type=cache
+        )
         self.table = TableManager(rows, self.page_table)
         self.prefill = PrefillManager(self.cache, self.table, DecodeManager(P))
 
@@ -47,7 +49,9 @@ class Setup:
             ids = torch.tensor(prompt, dtype=torch.int32)
             self.prefill.add_one_req(UserMsg(uid, ids, SamplingParams(max_tokens=max_tokens)))
         batch = self.prefill.schedule_next_batch(10_000)
-        assert batch is not None and len(batch.reqs) == len(requests), "test setup: admission refused"
+        assert batch is not None and len(batch.reqs) == len(requests), (
+            "test setup: admission refused"
+        )
         return batch.reqs
 
     def forward(self, *reqs: Req) -> None:
@@ -77,13 +81,17 @@ def assert_in_pages(row: List[int], P: int, what: str) -> None:
     """Token ``p`` of a row must sit at offset ``p % P`` of its page, and consecutive
     positions of one page must share that page."""
     for p, slot in enumerate(row):
-        assert slot % P == p % P, f"{what}: position {p} got slot {slot}, at offset {slot % P} of its page, not {p % P}"
+        assert slot % P == p % P, (
+            f"{what}: position {p} got slot {slot}, at offset {slot % P} of its page, not {p % P}"
+        )
         first = row[p - p % P]  # the slot of the first position of this page
         assert slot == first + p % P, (
-            f"{what}: positions {p - p % P}..{p} are in one page but got slots {row[p - p % P : p + 1]}")
+            f"{what}: positions {p - p % P}..{p} are in one page but got slots {row[p - p % P : p + 1]}"
+        )
 
 
 # ---- allocate_paged ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("P", PAGE_SIZES)
 def test_allocate_paged_gives_a_prompt_whole_pages(P):
@@ -92,7 +100,8 @@ def test_allocate_paged_gives_a_prompt_whole_pages(P):
     s.cache.allocate_paged([req])
     want = ceil_div(5, P)
     assert s.pages_in_use() == want, (
-        f"a 5-token prompt needs ceil(5 / {P}) = {want} pages, {s.pages_in_use()} were taken")
+        f"a 5-token prompt needs ceil(5 / {P}) = {want} pages, {s.pages_in_use()} were taken"
+    )
     row = s.row(req, 5)
     assert_in_pages(row, P, "page_table row")
     assert len({slot // P for slot in row}) == want, f"the row {row} must use {want} distinct pages"
@@ -112,10 +121,12 @@ def test_allocate_paged_continues_in_a_partly_used_page(P):
         assert new == int(starts_a_page), (
             f"page size {P}: writing position {position} must take {int(starts_a_page)} new page(s) "
             f"(only a position that starts a page needs one; cached_len={position} means positions "
-            f"up to ceil({position} / {P}) * {P} already have their page), took {new}")
+            f"up to ceil({position} / {P}) * {P} already have their page), took {new}"
+        )
         assert s.row(req, 5) == before, (
             f"the slots of positions [0, 5) changed from {before} to {s.row(req, 5)}: never reallocate "
-            "a page the request already has")
+            "a page the request already has"
+        )
     assert_in_pages(s.row(req, 12), P, "page_table row after decoding")
 
 
@@ -125,13 +136,17 @@ def test_allocate_paged_serves_a_whole_batch_in_one_call(P):
     reqs = s.admit((0, prompt(100, 3), 2), (1, prompt(200, 9), 2), (2, prompt(300, 1), 2))
     s.cache.allocate_paged(reqs)
     want = sum(ceil_div(r.device_len, P) for r in reqs)
-    assert s.pages_in_use() == want, f"3 + 9 + 1 tokens need {want} pages of {P}, took {s.pages_in_use()}"
+    assert s.pages_in_use() == want, (
+        f"3 + 9 + 1 tokens need {want} pages of {P}, took {s.pages_in_use()}"
+    )
     seen = {}
     for req in reqs:
         row = s.row(req, req.device_len)
         assert_in_pages(row, P, f"row of uid {req.uid}")
         for slot in row:
-            assert slot not in seen, f"slot {slot} was given to uid {seen[slot]} and to uid {req.uid}"
+            assert slot not in seen, (
+                f"slot {slot} was given to uid {seen[slot]} and to uid {req.uid}"
+            )
             seen[slot] = req.uid
     s.cache.allocate_paged([])  # nothing to do is not an error
 
@@ -147,12 +162,16 @@ def test_allocate_paged_evicts_from_the_prefix_cache_when_free_pages_run_out(P):
     s.cache.allocate_paged([b])  # needs 3 pages, 1 is free: the other 2 must come from eviction
     assert s.cache.prefix_cache.size_info.evictable_size == 0, (
         "allocate_paged needed pages the free list did not have: it must evict cached pages "
-        "(CacheManager._allocate does) instead of failing or reusing pages still cached")
-    assert s.cache.num_free_pages == 1, f"4 pages, 3 in use by b: 1 must be free, {s.cache.num_free_pages} are"
+        "(CacheManager._allocate does) instead of failing or reusing pages still cached"
+    )
+    assert s.cache.num_free_pages == 1, (
+        f"4 pages, 3 in use by b: 1 must be free, {s.cache.num_free_pages} are"
+    )
     assert_in_pages(s.row(b, 3 * P), P, "row of the request that got evicted pages")
 
 
 # ---- cache_req: the naive cache -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("P", PAGE_SIZES)
 def test_a_finished_request_gives_every_page_back(P):
@@ -164,11 +183,13 @@ def test_a_finished_request_gives_every_page_back(P):
     s.finish(req)
     assert s.pages_in_use() == 0, (
         f"the naive cache keeps nothing, so a finished request must free all its pages; "
-        f"{s.pages_in_use()} of {s.num_pages} are still out")
+        f"{s.pages_in_use()} of {s.num_pages} are still out"
+    )
     s.cache.check_integrity()
 
 
 # ---- cache_req: the radix cache -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("P", PAGE_SIZES)
 def test_a_finished_request_leaves_whole_pages_in_the_radix_cache(P):
@@ -184,12 +205,16 @@ def test_a_finished_request_leaves_whole_pages_in_the_radix_cache(P):
     info = s.cache.prefix_cache.size_info
     assert (info.evictable_size, info.protected_size) == (aligned, 0), (
         f"{computed} positions have KV: the {aligned} in whole pages go to the cache, unlocked "
-        f"(evictable); got evictable={info.evictable_size}, protected={info.protected_size}")
+        f"(evictable); got evictable={info.evictable_size}, protected={info.protected_size}"
+    )
     assert s.cache.num_free_pages == s.num_pages - aligned // P, (
         f"the {computed - aligned} tokens of the last, partial page cannot be cached: free that page "
-        f"(expected {s.num_pages - aligned // P} free pages, got {s.cache.num_free_pages})")
+        f"(expected {s.num_pages - aligned // P} free pages, got {s.cache.num_free_pages})"
+    )
     handle = s.cache.prefix_cache.match_prefix(req.input_ids).cuda_handle
-    assert handle.get_matched_indices().cpu().tolist() == row[:aligned], "the cache must keep the request's own slots"
+    assert handle.get_matched_indices().cpu().tolist() == row[:aligned], (
+        "the cache must keep the request's own slots"
+    )
     s.cache.check_integrity()
 
 
@@ -203,14 +228,18 @@ def test_a_running_request_locks_the_longer_prefix_it_inserted(P):
     info = s.cache.prefix_cache.size_info
     assert (info.evictable_size, info.protected_size) == (0, aligned), (
         f"the running request still reads its prompt: the {aligned} cached tokens must be locked "
-        f"(protected), got evictable={info.evictable_size}, protected={info.protected_size}")
+        f"(protected), got evictable={info.evictable_size}, protected={info.protected_size}"
+    )
     assert req.cache_handle.cached_len == aligned, (
         f"req.cache_handle must become the handle of the longer prefix, cached_len {aligned}, "
-        f"got {req.cache_handle.cached_len}")
+        f"got {req.cache_handle.cached_len}"
+    )
     assert s.pages_in_use() == ceil_div(2 * P + 1, P), "a running request keeps every page it has"
     s.forward(req)
     s.finish(req)
-    assert s.cache.prefix_cache.size_info.protected_size == 0, "finishing must unlock what was locked"
+    assert s.cache.prefix_cache.size_info.protected_size == 0, (
+        "finishing must unlock what was locked"
+    )
     s.cache.check_integrity()
 
 
@@ -230,7 +259,8 @@ def test_a_prefix_matched_at_admission_is_unlocked_when_the_request_ends(P):
     info = s.cache.prefix_cache.size_info
     assert info.protected_size == 0, (
         f"b locked its matched prefix at admission; cache_req must unlock that old handle, "
-        f"but {info.protected_size} tokens are still protected")
+        f"but {info.protected_size} tokens are still protected"
+    )
     s.cache.check_integrity()
 
 
@@ -249,7 +279,8 @@ def test_duplicate_pages_of_a_prefix_another_request_cached_first_are_freed(P):
     assert s.cache.num_free_pages == s.num_pages - aligned // P, (
         f"b computed the same {aligned} tokens a had already cached: insert_prefix reports them as "
         f"cached already and b's copies must be freed; {s.cache.num_free_pages} pages are free, "
-        f"{s.num_pages - aligned // P} should be")
+        f"{s.num_pages - aligned // P} should be"
+    )
     s.cache.check_integrity()
 
 
@@ -265,7 +296,8 @@ def test_a_running_request_points_its_row_at_the_cache_copy_of_a_duplicate(P):
     s.cache.cache_req(b, finished=False)
     assert s.row(b, aligned) == s.row(a, aligned), (
         f"b's own copy of the prefix ({b_own}) was just freed and may be handed to another request; "
-        f"b's row must point at the cache's copy {s.row(a, aligned)}, got {s.row(b, aligned)}")
+        f"b's row must point at the cache's copy {s.row(a, aligned)}, got {s.row(b, aligned)}"
+    )
     assert b.cache_handle.get_matched_indices().cpu().tolist() == s.row(b, aligned)
     freed = set(slot // P for slot in b_own)
     free = set((s.cache.free_slots // P).cpu().tolist())
@@ -273,6 +305,7 @@ def test_a_running_request_points_its_row_at_the_cache_copy_of_a_duplicate(P):
 
 
 # ---- lazy_free_region ------------------------------------------------------------------------------
+
 
 def finished_requests(s: Setup, n: int) -> List[Req]:
     reqs = s.admit(*[(uid, prompt(100 * (uid + 1), 5), 2) for uid in range(n)])
@@ -291,8 +324,11 @@ def test_frees_inside_a_lazy_region_wait_for_its_end(P):
             s.finish(req)
         assert s.pages_in_use() == in_use, (
             f"inside lazy_free_region, frees must wait for the end of the region (one concatenation "
-            f"for the whole pass); {in_use - s.pages_in_use()} pages came back early")
-    assert s.pages_in_use() == 0, f"at the end of the region every freed page is back; {s.pages_in_use()} are not"
+            f"for the whole pass); {in_use - s.pages_in_use()} pages came back early"
+        )
+    assert s.pages_in_use() == 0, (
+        f"at the end of the region every freed page is back; {s.pages_in_use()} are not"
+    )
     s.cache.check_integrity()
 
 
@@ -305,7 +341,8 @@ def test_frees_after_a_lazy_region_are_immediate_again(P):
     s.finish(second)
     assert s.pages_in_use() == 0, (
         "after the region ends, CacheManager._free must be the eager method again (undo what the "
-        f"region changed); a free after the region was lost and {s.pages_in_use()} pages leaked")
+        f"region changed); a free after the region was lost and {s.pages_in_use()} pages leaked"
+    )
     s.cache.check_integrity()
 
 
@@ -318,7 +355,8 @@ def test_a_lazy_region_still_frees_when_an_error_leaves_it():
             raise KeyError("something failed while handling results")
     assert s.pages_in_use() == ceil_div(second.cached_len, 4), (
         "the pages freed before the error must come back when the region is left by an exception "
-        "(use try/finally)")
+        "(use try/finally)"
+    )
     s.finish(second)
     assert s.pages_in_use() == 0, "and frees after it must be immediate again"
     s.cache.check_integrity()

@@ -11,7 +11,6 @@ Mirrors upstream ``minisgl.kvcache.radix_cache`` (the idea is SGLang's RadixAtte
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
@@ -26,7 +25,9 @@ _clock = itertools.count()  # a logical clock for LRU: strictly increasing, no t
 class RadixTreeNode:
     """An edge of the tree: ``key`` token ids ``[n]`` (CPU) stored at slots ``value`` ``[n]``."""
 
-    def __init__(self, key: torch.Tensor, value: torch.Tensor, parent: "RadixTreeNode | None") -> None:
+    def __init__(
+        self, key: torch.Tensor, value: torch.Tensor, parent: "RadixTreeNode | None"
+    ) -> None:
         self.key = key
         self.value = value
         self.parent = parent
@@ -71,7 +72,9 @@ class RadixPrefixCache(BasePrefixCache):
 
     def reset(self) -> None:
         empty_key = torch.empty(0, dtype=torch.int32)
-        self.root = RadixTreeNode(empty_key, torch.empty(0, dtype=torch.int32, device=self.device), None)
+        self.root = RadixTreeNode(
+            empty_key, torch.empty(0, dtype=torch.int32, device=self.device), None
+        )
         self.root.ref_count = 1  # the root is never evicted
         self._evictable = 0
         self._protected = 0

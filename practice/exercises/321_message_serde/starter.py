@@ -22,9 +22,6 @@ import dataclasses
 import functools
 from typing import Any, Dict, Type
 
-import msgpack
-import torch
-
 TYPE_KEY = "__type__"
 _PLAIN = (int, float, str, bool, bytes, type(None))
 
@@ -73,6 +70,10 @@ def message_types() -> Dict[str, Type[Any]]:
     found: Dict[str, Type[Any]] = {"SamplingParams": SamplingParams}
     for module in (backend, tokenizer, frontend):
         for name, value in vars(module).items():
-            if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__:
+            if (
+                isinstance(value, type)
+                and dataclasses.is_dataclass(value)
+                and value.__module__ == module.__name__
+            ):
                 found[name] = value
     return found

@@ -26,7 +26,15 @@ from minisgl.message import (
 from minisgl.message.frontend import BatchFrontendMsg, StatsReply, UserReply
 from minisgl.message.utils import deserialize, dumps, loads, message_types, serialize
 
-DTYPES = [torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.bool]
+DTYPES = [
+    torch.int32,
+    torch.int64,
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.uint8,
+    torch.bool,
+]
 
 
 def ids(*values: int) -> torch.Tensor:
@@ -36,9 +44,16 @@ def ids(*values: int) -> torch.Tensor:
 def same(a, b) -> bool:
     """Field-by-field equality; tensors by dtype and values (dataclass ``==`` cannot)."""
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if dataclasses.is_dataclass(a):
-        return type(a) is type(b) and all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+        return type(a) is type(b) and all(
+            same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
     if isinstance(a, (list, tuple)):
         return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -47,14 +62,21 @@ def same(a, b) -> bool:
 
 
 ONE_OF_EACH = [
-    UserMsg(uid=3, input_ids=ids(151644, 872, 198), sampling_params=SamplingParams(temperature=0.7, top_p=0.9)),
+    UserMsg(
+        uid=3,
+        input_ids=ids(151644, 872, 198),
+        sampling_params=SamplingParams(temperature=0.7, top_p=0.9),
+    ),
     AbortBackendMsg(uid=4),
     ExitMsg(),
     StatsQueryMsg(uid=5),
     BatchBackendMsg(data=[ExitMsg(), AbortBackendMsg(uid=1)]),
     DetokenizeMsg(uid=6, next_token=1000, finished=True),
-    TokenizeMsg(uid=7, text=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
-                sampling_params=SamplingParams(max_tokens=3)),
+    TokenizeMsg(
+        uid=7,
+        text=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
+        sampling_params=SamplingParams(max_tokens=3),
+    ),
     AbortMsg(uid=8),
     BatchTokenizerMsg(data=[AbortMsg(uid=9)]),
     UserReply(uid=10, incremental_output="🙂 ok", finished=False),
@@ -64,8 +86,11 @@ ONE_OF_EACH = [
 
 
 def test_the_examples_cover_every_message_type():
-    missing = set(message_types()) - {type(m).__name__ for m in ONE_OF_EACH} - {
-        "SamplingParams", "BaseBackendMsg", "BaseTokenizerMsg", "BaseFrontendMsg"}
+    missing = (
+        set(message_types())
+        - {type(m).__name__ for m in ONE_OF_EACH}
+        - {"SamplingParams", "BaseBackendMsg", "BaseTokenizerMsg", "BaseFrontendMsg"}
+    )
     assert not missing, f"add an example of {sorted(missing)} to ONE_OF_EACH"
 
 
@@ -95,26 +120,39 @@ def test_plain_values_pass_through():
 def test_a_tensor_is_its_raw_bytes_with_its_dtype(dtype):
     t = (torch.arange(37) * 3 - 20).to(dtype)
     data = serialize(t)
-    assert isinstance(data, dict) and data.get("__type__") == "Tensor", f"a tensor must become a Tensor dict, got {data!r:.120}"
+    assert isinstance(data, dict) and data.get("__type__") == "Tensor", (
+        f"a tensor must become a Tensor dict, got {data!r:.120}"
+    )
     assert isinstance(data["buffer"], bytes), (
-        f"the buffer must be bytes (the tensor's memory), got {type(data['buffer']).__name__}")
+        f"the buffer must be bytes (the tensor's memory), got {type(data['buffer']).__name__}"
+    )
     assert len(data["buffer"]) == 37 * t.element_size(), (
-        f"37 {dtype} values are {37 * t.element_size()} bytes, the buffer has {len(data['buffer'])}")
+        f"37 {dtype} values are {37 * t.element_size()} bytes, the buffer has {len(data['buffer'])}"
+    )
     back = loads(dumps(t))
     assert back.dtype == dtype, f"sent {dtype}, got {back.dtype}"
-    assert torch.equal(back, t), f"values differ: sent {t[:6].tolist()}..., got {back[:6].tolist()}..."
+    assert torch.equal(back, t), (
+        f"values differ: sent {t[:6].tolist()}..., got {back[:6].tolist()}..."
+    )
 
 
 def test_the_dtype_name_is_the_torch_name():
     assert serialize(ids(1))["dtype"] == "int32", serialize(ids(1))
     assert serialize(torch.zeros(1, dtype=torch.bfloat16))["dtype"] == "bfloat16"
-    assert deserialize({"__type__": "Tensor", "dtype": "int64", "buffer": bytes(16)}).tolist() == [0, 0]
+    assert deserialize({"__type__": "Tensor", "dtype": "int64", "buffer": bytes(16)}).tolist() == [
+        0,
+        0,
+    ]
 
 
 def test_a_prompt_costs_four_bytes_per_token():
-    msg = UserMsg(uid=0, input_ids=torch.arange(10_000, dtype=torch.int32), sampling_params=SamplingParams())
+    msg = UserMsg(
+        uid=0, input_ids=torch.arange(10_000, dtype=torch.int32), sampling_params=SamplingParams()
+    )
     n = len(dumps(msg))
-    assert 40_000 <= n < 40_200, f"a 10000-token int32 prompt should cost about 40000 bytes, costs {n}"
+    assert 40_000 <= n < 40_200, (
+        f"a 10000-token int32 prompt should cost about 40000 bytes, costs {n}"
+    )
 
 
 def test_an_empty_tensor_round_trips():
@@ -127,7 +165,9 @@ def test_a_strided_view_sends_its_values():
     base = torch.arange(10, dtype=torch.int32)
     view = base[::2]
     back = loads(dumps(view))
-    assert back.tolist() == [0, 2, 4, 6, 8], f"base[::2] is [0, 2, 4, 6, 8], received {back.tolist()}"
+    assert back.tolist() == [0, 2, 4, 6, 8], (
+        f"base[::2] is [0, 2, 4, 6, 8], received {back.tolist()}"
+    )
 
 
 def test_a_received_tensor_is_a_private_writable_copy():
@@ -135,18 +175,33 @@ def test_a_received_tensor_is_a_private_writable_copy():
     before = list(data["buffer"])  # a copy: bytes(b) would be b itself
     t = deserialize(data)
     t[0] = 99  # the scheduler writes into received tensors
-    assert list(data["buffer"]) == before, "writing into the received tensor changed the bytes it came from"
+    assert list(data["buffer"]) == before, (
+        "writing into the received tensor changed the bytes it came from"
+    )
     assert t.tolist() == [99, 2, 3]
 
 
 def test_nested_messages_round_trip():
-    msg = BatchBackendMsg(data=[
-        UserMsg(uid=1, input_ids=ids(5, 6), sampling_params=SamplingParams(ignore_eos=True, max_tokens=4)),
-        BatchBackendMsg(data=[AbortBackendMsg(uid=2), UserMsg(uid=3, input_ids=ids(), sampling_params=SamplingParams())]),
-    ])
+    msg = BatchBackendMsg(
+        data=[
+            UserMsg(
+                uid=1,
+                input_ids=ids(5, 6),
+                sampling_params=SamplingParams(ignore_eos=True, max_tokens=4),
+            ),
+            BatchBackendMsg(
+                data=[
+                    AbortBackendMsg(uid=2),
+                    UserMsg(uid=3, input_ids=ids(), sampling_params=SamplingParams()),
+                ]
+            ),
+        ]
+    )
     back = loads(dumps(msg))
     assert same(back, msg), f"sent {msg!r}\n got {back!r}"
-    assert isinstance(back.data[0].sampling_params, SamplingParams), "a nested SamplingParams must be rebuilt"
+    assert isinstance(back.data[0].sampling_params, SamplingParams), (
+        "a nested SamplingParams must be rebuilt"
+    )
 
 
 def test_constructors_validate_what_arrives():
@@ -159,7 +214,9 @@ def test_unknown_types_are_refused():
         with pytest.raises(ValueError, match="unknown message type"):
             deserialize({"__type__": name, "args": ["true"]})
     custom = {"Ping": dataclasses.make_dataclass("Ping", [("n", int)])}
-    assert deserialize({"__type__": "Ping", "n": 2}, registry=custom).n == 2, "use the registry you are given"
+    assert deserialize({"__type__": "Ping", "n": 2}, registry=custom).n == 2, (
+        "use the registry you are given"
+    )
 
 
 def test_bad_values_are_refused_with_a_reason():

@@ -18,7 +18,7 @@ holds back partial words.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Dict, List, Tuple
+from typing import AbstractSet, Dict, List
 
 from transformers import PreTrainedTokenizerBase
 

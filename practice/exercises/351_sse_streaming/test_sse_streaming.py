@@ -15,7 +15,6 @@ from typing import AsyncGenerator, Dict, List
 
 import httpx
 import openai
-import pytest
 
 from minisgl.message.frontend import UserReply
 from minisgl.server.api_server import (
@@ -33,9 +32,17 @@ HEAD = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
 
 def script(*texts: str, reason: str = "stop", prompt: int = 5) -> List[UserReply]:
     """Replies for ``texts``; the last one finished, with token counts."""
-    return [UserReply(uid=0, incremental_output=t, finished=k == len(texts) - 1,
-                      finish_reason=reason if k == len(texts) - 1 else None, num_prompt_tokens=prompt,
-                      num_output_tokens=k + 1) for k, t in enumerate(texts)]
+    return [
+        UserReply(
+            uid=0,
+            incremental_output=t,
+            finished=k == len(texts) - 1,
+            finish_reason=reason if k == len(texts) - 1 else None,
+            num_prompt_tokens=prompt,
+            num_output_tokens=k + 1,
+        )
+        for k, t in enumerate(texts)
+    ]
 
 
 class Source:
@@ -67,11 +74,15 @@ class Source:
 def events(raw: bytes) -> List[str]:
     """Split an SSE body into its ``data`` payloads, checking the framing on the way."""
     text = raw.decode()
-    assert text.endswith("\n\n"), f"every event ends with a blank line; the body ends with {text[-20:]!r}"
+    assert text.endswith("\n\n"), (
+        f"every event ends with a blank line; the body ends with {text[-20:]!r}"
+    )
     out = []
     for block in text[:-2].split("\n\n"):
-        assert block.startswith("data: ") and "\n" not in block, f"an event is one 'data: ...' line, got {block!r}"
-        out.append(block[len("data: "):])
+        assert block.startswith("data: ") and "\n" not in block, (
+            f"an event is one 'data: ...' line, got {block!r}"
+        )
+        out.append(block[len("data: ") :])
     return out
 
 
@@ -86,56 +97,87 @@ def run_stream(replies: List[UserReply], chunker, usage=None) -> tuple[List[str]
 
 # ---- one event -------------------------------------------------------------------------
 
+
 def test_an_event_is_a_data_line_and_a_blank_line():
     assert _sse("[DONE]") == b"data: [DONE]\n\n", _sse("[DONE]")
-    raw = _sse({"text": "中文 \"q\"\n", "n": 1})
+    raw = _sse({"text": '中文 "q"\n', "n": 1})
     assert raw.startswith(b"data: ") and raw.endswith(b"\n\n") and raw.count(b"\n") == 2, (
-        f"the JSON must stay on one line (newlines in text escaped), got {raw!r}")
-    assert json.loads(raw[6:]) == {"text": "中文 \"q\"\n", "n": 1}
+        f"the JSON must stay on one line (newlines in text escaped), got {raw!r}"
+    )
+    assert json.loads(raw[6:]) == {"text": '中文 "q"\n', "n": 1}
 
 
 # ---- chunks of each endpoint ---------------------------------------------------------------
 
+
 def test_completion_chunks_carry_the_new_text():
     [c] = completion_chunks(HEAD, UserReply(0, "Hello", False), True)
-    assert {k: c[k] for k in HEAD} == HEAD, f"each chunk starts with the head (id, object, created, model): {c}"
-    assert c["choices"] == [{"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None}], c["choices"]
+    assert {k: c[k] for k in HEAD} == HEAD, (
+        f"each chunk starts with the head (id, object, created, model): {c}"
+    )
+    assert c["choices"] == [
+        {"index": 0, "text": "Hello", "logprobs": None, "finish_reason": None}
+    ], c["choices"]
     assert completion_chunks(HEAD, UserReply(0, "", False), False) == [], (
-        "a reply with no new text (a character still incomplete) sends nothing")
+        "a reply with no new text (a character still incomplete) sends nothing"
+    )
     [last] = completion_chunks(HEAD, UserReply(0, "", True, "length"), False)
-    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["text"] == "", last
+    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["text"] == "", (
+        last
+    )
 
 
 def test_chat_chunks_open_with_the_role_and_close_with_the_reason():
     first = chat_chunks(HEAD, UserReply(0, "Hi", False), True)
-    assert [c["choices"][0]["delta"] for c in first] == [{"role": "assistant", "content": ""}, {"content": "Hi"}], (
-        f"the first reply: a delta with the role, then one with the text; got {first}")
+    assert [c["choices"][0]["delta"] for c in first] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hi"},
+    ], f"the first reply: a delta with the role, then one with the text; got {first}"
     assert chat_chunks(HEAD, UserReply(0, "", False), False) == []
     mid = chat_chunks(HEAD, UserReply(0, " there", False), False)
-    assert [c["choices"][0] for c in mid] == [{"index": 0, "delta": {"content": " there"}, "finish_reason": None}]
+    assert [c["choices"][0] for c in mid] == [
+        {"index": 0, "delta": {"content": " there"}, "finish_reason": None}
+    ]
     last = chat_chunks(HEAD, UserReply(0, "!", True, "stop"), False)
     assert [c["choices"][0] for c in last] == [
         {"index": 0, "delta": {"content": "!"}, "finish_reason": None},
-        {"index": 0, "delta": {}, "finish_reason": "stop"}], f"text, then an empty delta with the reason: {last}"
+        {"index": 0, "delta": {}, "finish_reason": "stop"},
+    ], f"text, then an empty delta with the reason: {last}"
 
 
 def test_a_one_reply_chat_answer_has_all_three_chunks():
     only = chat_chunks(HEAD, UserReply(0, "Yes", True, "stop"), True)
-    assert [c["choices"][0]["delta"] for c in only] == [{"role": "assistant", "content": ""}, {"content": "Yes"}, {}]
+    assert [c["choices"][0]["delta"] for c in only] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Yes"},
+        {},
+    ]
     assert only[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_generate_chunks_and_usage():
     assert generate_chunks(UserReply(0, "ab", False), True) == [{"text": "ab"}]
     assert generate_chunks(UserReply(0, "", False), False) == []
-    last = generate_chunks(UserReply(0, "c", True, "stop", num_prompt_tokens=4, num_output_tokens=3), False)
-    assert last == [{"text": "c", "finish_reason": "stop",
-                     "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}], last
+    last = generate_chunks(
+        UserReply(0, "c", True, "stop", num_prompt_tokens=4, num_output_tokens=3), False
+    )
+    assert last == [
+        {
+            "text": "c",
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
+        }
+    ], last
     u = usage_chunk(HEAD, UserReply(0, "", True, "stop", num_prompt_tokens=4, num_output_tokens=3))
-    assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}, u
+    assert u["choices"] == [] and u["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+    }, u
 
 
 # ---- the stream ------------------------------------------------------------------------------
+
 
 def test_the_stream_ends_with_done():
     replies = script("The", " capital", "", " is", reason="length")
@@ -144,7 +186,8 @@ def test_the_stream_ends_with_done():
     chunks = [json.loads(e) for e in got[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "The capital is"
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"], (
-        f"one chunk per reply with text (3), the last with finish_reason: {[c['choices'] for c in chunks]}")
+        f"one chunk per reply with text (3), the last with finish_reason: {[c['choices'] for c in chunks]}"
+    )
     assert src.taken == 3 and src.closed, "read every reply after the first, then close the replies"
 
 
@@ -154,8 +197,11 @@ def test_usage_comes_last_when_asked():
     got, _ = run_stream(replies, lambda r, first: completion_chunks(HEAD, r, first), usage)
     assert got[-1] == "[DONE]"
     u = json.loads(got[-2])
-    assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}, (
-        f"with include_usage the chunk before [DONE] is the usage of the last reply, got {u}")
+    assert u["choices"] == [] and u["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 2,
+        "total_tokens": 9,
+    }, f"with include_usage the chunk before [DONE] is the usage of the last reply, got {u}"
     without, _ = run_stream(replies, lambda r, first: completion_chunks(HEAD, r, first))
     assert not any('"usage"' in e for e in without), "no usage chunk unless it was asked for"
 
@@ -175,7 +221,9 @@ def test_is_first_is_true_once():
 def test_a_one_reply_answer_streams_without_reading_more():
     got, src = run_stream(script("Paris"), lambda r, first: chat_chunks(HEAD, r, first))
     assert len(got) == 4 and got[-1] == "[DONE]", got
-    assert src.taken == 0 and src.closed, "the first reply was already finished: do not wait for another"
+    assert src.taken == 0 and src.closed, (
+        "the first reply was already finished: do not wait for another"
+    )
 
 
 def test_an_error_mid_stream_ends_it_without_done():
@@ -195,7 +243,9 @@ def test_leaving_early_closes_the_replies():
     src = Source(replies[1:])
 
     async def main():
-        stream = sse_stream(replies[0], src.gen(), lambda r, first: completion_chunks(HEAD, r, first), None)
+        stream = sse_stream(
+            replies[0], src.gen(), lambda r, first: completion_chunks(HEAD, r, first), None
+        )
         first = await anext(stream)
         second = await anext(stream)
         await stream.aclose()
@@ -203,17 +253,21 @@ def test_leaving_early_closes_the_replies():
 
     first, second = asyncio.run(main())
     assert json.loads(first[6:])["choices"][0]["text"] == "a"
-    assert src.closed, "closing the SSE stream early must close the replies generator (it aborts the request)"
+    assert src.closed, (
+        "closing the SSE stream early must close the replies generator (it aborts the request)"
+    )
 
 
 # ---- the real app, read by the openai client -----------------------------------------------
+
 
 class FakeFrontend:
     """What ``create_app`` uses of ``FrontendManager``, with scripted replies."""
 
     def __init__(self, replies: List[UserReply]) -> None:
-        self.args = types.SimpleNamespace(model_name="m", model_path="/models/m", server_host="127.0.0.1",
-                                          server_port=0)
+        self.args = types.SimpleNamespace(
+            model_name="m", model_path="/models/m", server_host="127.0.0.1", server_port=0
+        )
         self.max_seq_len, self.workers, self.queues = 256, [], {}
         self.replies_of: Dict[int, List[UserReply]] = {}
         self.script, self.submitted = replies, []
@@ -228,13 +282,24 @@ class FakeFrontend:
     async def replies(self, uid: int) -> AsyncGenerator[UserReply, None]:
         for r in self.script:
             await asyncio.sleep(0)
-            yield UserReply(uid, r.incremental_output, r.finished, r.finish_reason, r.num_prompt_tokens,
-                            r.num_output_tokens, r.error)
+            yield UserReply(
+                uid,
+                r.incremental_output,
+                r.finished,
+                r.finish_reason,
+                r.num_prompt_tokens,
+                r.num_output_tokens,
+                r.error,
+            )
 
 
 def client_for(fm: FakeFrontend) -> openai.AsyncOpenAI:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(fm)), base_url="http://test")  # type: ignore[arg-type]
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0)
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(fm)), base_url="http://test"
+    )  # type: ignore[arg-type]
+    return openai.AsyncOpenAI(
+        base_url="http://test/v1", api_key="unused", http_client=http, max_retries=0
+    )
 
 
 def test_the_openai_client_reads_a_streamed_chat_answer():
@@ -242,15 +307,22 @@ def test_the_openai_client_reads_a_streamed_chat_answer():
 
     async def main():
         client = client_for(fm)
-        stream = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Capital?"}],
-                                                      stream=True, stream_options={"include_usage": True})
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "Capital?"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         return [c async for c in stream]
 
     chunks = asyncio.run(main())
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Paris."
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
-    assert chunks[-1].usage is not None and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (11, 4)
+    assert chunks[-1].usage is not None and (
+        chunks[-1].usage.prompt_tokens,
+        chunks[-1].usage.completion_tokens,
+    ) == (11, 4)
 
 
 def test_the_openai_client_reads_a_streamed_completion():
@@ -258,7 +330,9 @@ def test_the_openai_client_reads_a_streamed_completion():
 
     async def main():
         client = client_for(fm)
-        stream = await client.completions.create(model="m", prompt="Count:", max_tokens=3, stream=True)
+        stream = await client.completions.create(
+            model="m", prompt="Count:", max_tokens=3, stream=True
+        )
         return [c async for c in stream]
 
     chunks = asyncio.run(main())
@@ -270,12 +344,16 @@ def test_the_generate_endpoint_streams_text_then_done():
     fm = FakeFrontend(script("ab", "c", reason="stop", prompt=2))
 
     async def main():
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(fm)), base_url="http://test")  # type: ignore[arg-type]
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(fm)), base_url="http://test"
+        )  # type: ignore[arg-type]
         r = await http.post("/generate", json={"prompt": "x", "stream": True})
         return r
 
     r = asyncio.run(main())
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.headers
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), (
+        r.headers
+    )
     got = events(r.content)
     assert got[-1] == "[DONE]" and "".join(json.loads(e)["text"] for e in got[:-1]) == "abc", got
     assert json.loads(got[-2])["usage"]["total_tokens"] == 4

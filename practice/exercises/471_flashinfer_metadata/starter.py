@@ -28,7 +28,6 @@ only; this one takes any ``P``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 import torch
@@ -62,7 +61,9 @@ class PagedKVIndex:
     kv_page_ids: torch.Tensor  # [kv_indptr[-1]] int32, on the page table's device
 
 
-def paged_kv_index(page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, pin: bool = False) -> PagedKVIndex:
+def paged_kv_index(
+    page_table: torch.Tensor, reqs: Sequence[Req], page_size: int, pin: bool = False
+) -> PagedKVIndex:
     """Derive FlashInfer's paged-KV index of ``reqs`` from the page table.
 
     ``page_table: [rows, max_seq_len]`` int32 token slots; each request reads its row
@@ -100,12 +101,19 @@ class FlashInferBackend(BaseAttnBackend):
     """
 
     def __init__(
-        self, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_cache: MHAKVCache, page_size: int
+        self,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        kv_cache: MHAKVCache,
+        page_size: int,
     ) -> None:
         import flashinfer
 
         if kv_cache.device.type != "cuda" or kv_cache.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"FlashInfer needs an fp16/bf16 KV cache on CUDA, got {kv_cache.dtype} on {kv_cache.device}")
+            raise ValueError(
+                f"FlashInfer needs an fp16/bf16 KV cache on CUDA, got {kv_cache.dtype} on {kv_cache.device}"
+            )
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.kv_cache, self.page_size = kv_cache, page_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
@@ -130,7 +138,11 @@ class FlashInferBackend(BaseAttnBackend):
         raise NotImplementedError("Exercise 471: implement FlashInferBackend.prepare_metadata")
 
     def forward(
-        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], layer_id: int,
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        v: Optional[torch.Tensor],
+        layer_id: int,
         batch: Batch,
     ) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
@@ -145,7 +157,9 @@ class FlashInferBackend(BaseAttnBackend):
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
 
-    def forward_qkv(self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch) -> torch.Tensor:
+    def forward_qkv(
+        self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         # no split-KV path here (see FIMetadata): the base class's q/k kernel, then forward
         return super().forward_qkv(qkv, qk, layer_id, batch)
 
@@ -155,19 +169,32 @@ class FlashInferBackend(BaseAttnBackend):
         self._plan_done.synchronize()
         idx = meta.index
         common = dict(
-            num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, page_size=self.page_size,
-            pos_encoding_mode="NONE", q_data_type=self.dtype, kv_data_type=self.dtype,
-            seq_lens=idx.seq_lens, non_blocking=True,
+            num_qo_heads=self.num_qo_heads,
+            num_kv_heads=self.num_kv_heads,
+            page_size=self.page_size,
+            pos_encoding_mode="NONE",
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            seq_lens=idx.seq_lens,
+            non_blocking=True,
         )
         if isinstance(meta.wrapper, flashinfer.BatchDecodeWithPagedKVCacheWrapper):
             meta.wrapper.plan(
-                indptr=idx.kv_indptr, indices=idx.kv_page_ids, last_page_len=idx.kv_last_page_len,
-                head_dim=self.head_dim, **common,
+                indptr=idx.kv_indptr,
+                indices=idx.kv_page_ids,
+                last_page_len=idx.kv_last_page_len,
+                head_dim=self.head_dim,
+                **common,
             )
         else:
             meta.wrapper.plan(
-                qo_indptr=idx.qo_indptr, paged_kv_indptr=idx.kv_indptr, paged_kv_indices=idx.kv_page_ids,
-                paged_kv_last_page_len=idx.kv_last_page_len, head_dim_qk=self.head_dim, causal=True, **common,
+                qo_indptr=idx.qo_indptr,
+                paged_kv_indptr=idx.kv_indptr,
+                paged_kv_indices=idx.kv_page_ids,
+                paged_kv_last_page_len=idx.kv_last_page_len,
+                head_dim_qk=self.head_dim,
+                causal=True,
+                **common,
             )
         self._plan_done.record()
         meta.planned = True
@@ -190,7 +217,10 @@ class FlashInferBackend(BaseAttnBackend):
 
         bs = batch.padded_size
         self.graph_wrappers[bs] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+            self.workspace,
+            kv_layout="NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_cores,
             paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
             paged_kv_indices_buffer=self._graph_kv_page_ids,
             paged_kv_last_page_len_buffer=self._graph_kv_last_page_len[:bs],

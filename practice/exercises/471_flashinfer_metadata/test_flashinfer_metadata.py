@@ -12,11 +12,10 @@ import random
 
 import pytest
 import torch
+from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.attention.fi import PagedKVIndex, paged_kv_index
 from minisgl.benchmark.manual import make_req
-
-from conftest import MODELS, SMOLLM2, hf_encode
 
 
 def shuffled_table(rows: int, cols: int, page: int, seed: int = 0) -> torch.Tensor:
@@ -46,8 +45,10 @@ def check_rebuilds(table, reqs, page, index) -> None:
     for i, r in enumerate(reqs):
         want = table[r.table_idx, : r.device_len].tolist()
         got = slots_of(index, i, page)
-        assert got == want, (f"request {i} (row {r.table_idx}, {r.device_len} tokens, P={page}): the index "
-                             f"describes slots {got[:8]}..., the page table has {want[:8]}...")
+        assert got == want, (
+            f"request {i} (row {r.table_idx}, {r.device_len} tokens, P={page}): the index "
+            f"describes slots {got[:8]}..., the page table has {want[:8]}..."
+        )
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
@@ -56,7 +57,9 @@ def test_page_ids_are_the_first_slot_of_each_page_over_P(page):
     reqs = [req(0, 1), req(1, 17), req(2, 64)]
     index = paged_kv_index(table, reqs, page)
     want = [int(s) // page for r in reqs for s in table[r.table_idx, : r.device_len : page]]
-    assert index.kv_page_ids.tolist() == want, f"P={page}: kv_page_ids {index.kv_page_ids.tolist()[:10]}..., want {want[:10]}..."
+    assert index.kv_page_ids.tolist() == want, (
+        f"P={page}: kv_page_ids {index.kv_page_ids.tolist()[:10]}..., want {want[:10]}..."
+    )
     check_rebuilds(table, reqs, page, index)
 
 
@@ -65,7 +68,9 @@ def test_indptr_are_running_sums():
     reqs = [req(2, 5), req(0, 12), req(3, 1), req(1, 48)]
     index = paged_kv_index(table, reqs, 4)
     assert index.qo_indptr.tolist() == [0, 5, 17, 18, 66], f"qo_indptr {index.qo_indptr.tolist()}"
-    assert index.kv_indptr.tolist() == [0, 2, 5, 6, 18], f"kv_indptr (pages 2, 3, 1, 12) {index.kv_indptr.tolist()}"
+    assert index.kv_indptr.tolist() == [0, 2, 5, 6, 18], (
+        f"kv_indptr (pages 2, 3, 1, 12) {index.kv_indptr.tolist()}"
+    )
     assert index.seq_lens.tolist() == [5, 12, 1, 48], f"seq_lens {index.seq_lens.tolist()}"
 
 
@@ -73,15 +78,20 @@ def test_a_full_last_page_counts_P_not_0():
     table = shuffled_table(rows=3, cols=64, page=16)
     index = paged_kv_index(table, [req(0, 32), req(1, 33), req(2, 47)], 16)
     got = index.kv_last_page_len.tolist()
-    assert got == [16, 1, 15], f"32 tokens fill 2 pages (last has 16), 33 use 1 slot of a 3rd, 47 use 15: got {got}"
+    assert got == [16, 1, 15], (
+        f"32 tokens fill 2 pages (last has 16), 33 use 1 slot of a 3rd, 47 use 15: got {got}"
+    )
 
 
 def test_a_cached_prefix_has_kv_but_no_queries():
     table = shuffled_table(rows=2, cols=32, page=4)
     index = paged_kv_index(table, [req(0, 20, cached=12), req(1, 7)], 4)
     assert index.qo_indptr.tolist() == [0, 8, 15], (
-        f"queries are the uncached tokens (20 - 12 = 8, then 7): qo_indptr {index.qo_indptr.tolist()}")
-    assert index.kv_indptr.tolist() == [0, 5, 7], f"the KV covers the prefix too (5 pages, 2): {index.kv_indptr.tolist()}"
+        f"queries are the uncached tokens (20 - 12 = 8, then 7): qo_indptr {index.qo_indptr.tolist()}"
+    )
+    assert index.kv_indptr.tolist() == [0, 5, 7], (
+        f"the KV covers the prefix too (5 pages, 2): {index.kv_indptr.tolist()}"
+    )
 
 
 def test_requests_keep_their_batch_order():
@@ -102,7 +112,9 @@ def test_random_batches_rebuild_every_slot():
             reqs.append(req(row, length, rng.randint(0, length - 1)))
         index = paged_kv_index(table, reqs, page)
         assert index.qo_indptr.tolist()[-1] == sum(r.extend_len for r in reqs), f"trial {trial}"
-        assert all(1 <= n <= page for n in index.kv_last_page_len.tolist()), f"trial {trial}: {index.kv_last_page_len}"
+        assert all(1 <= n <= page for n in index.kv_last_page_len.tolist()), (
+            f"trial {trial}: {index.kv_last_page_len}"
+        )
         check_rebuilds(table, reqs, page, index)
 
 
@@ -111,7 +123,9 @@ def test_host_arrays_are_int32_on_the_cpu():
     index = paged_kv_index(table, [req(0, 6), req(1, 16)], 4)
     for name in ("qo_indptr", "kv_indptr", "kv_last_page_len", "seq_lens", "kv_page_ids"):
         t = getattr(index, name)
-        assert t.dtype == torch.int32 and t.device.type == "cpu", f"{name}: want int32 on cpu, got {t.dtype} on {t.device}"
+        assert t.dtype == torch.int32 and t.device.type == "cpu", (
+            f"{name}: want int32 on cpu, got {t.dtype} on {t.device}"
+        )
         assert t.dim() == 1, f"{name} must be 1-D, got shape {tuple(t.shape)}"
 
 
@@ -121,7 +135,9 @@ def test_the_dummy_request_reads_only_the_dummy_page():
     table[2].fill_(num_pages * page)  # what the engine writes into the dummy row
     index = paged_kv_index(table, [req(2, 1)], page)
     got = (index.kv_page_ids.tolist(), index.kv_last_page_len.tolist())
-    assert got == ([num_pages], [1]), f"the dummy's one token is slot {num_pages * page}: page {num_pages}; got {got}"
+    assert got == ([num_pages], [1]), (
+        f"the dummy's one token is slot {num_pages * page}: page {num_pages}; got {got}"
+    )
 
 
 def test_bad_arguments_are_refused():
@@ -139,41 +155,64 @@ def test_prepare_metadata_indexes_the_padded_batch():
     from minisgl.benchmark import manual
     from minisgl.engine import Engine, EngineConfig
 
-    path = next((p for p in (MODELS / "qwen3-0.6b-shaped", SMOLLM2) if (p / "config.json").is_file()), None)
+    path = next(
+        (p for p in (MODELS / "qwen3-0.6b-shaped", SMOLLM2) if (p / "config.json").is_file()), None
+    )
     if path is None:
         pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
-    engine = Engine(EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", page_size=16, max_running_req=8,
-                                 num_page_override=256, max_seq_len_override=256, attention_backend="fi",
-                                 cuda_graph_max_bs=0))
+    engine = Engine(
+        EngineConfig(
+            str(path),
+            dtype=torch.bfloat16,
+            device="cuda",
+            page_size=16,
+            max_running_req=8,
+            num_page_override=256,
+            max_seq_len_override=256,
+            attention_backend="fi",
+            cuda_graph_max_bs=0,
+        )
+    )
     try:
         backend = engine.attn_backend
         assert type(backend).__name__ == "FlashInferBackend", type(backend)
-        ids = [hf_encode(path, p) for p in ("The capital of France is", "def fibonacci(n):", "1 + 1 =")]
+        ids = [
+            hf_encode(path, p) for p in ("The capital of France is", "def fibonacci(n):", "1 + 1 =")
+        ]
         reqs = manual.place(engine, ids, 4)
         prefill = manual.build_batch(engine, reqs, "prefill")
         meta = prefill.attn_metadata
         want = paged_kv_index(engine.page_table, reqs, 16)
         for name in ("qo_indptr", "kv_indptr", "kv_last_page_len", "seq_lens"):
             got = getattr(meta.index, name)
-            assert got.device.type == "cpu" and got.tolist() == getattr(want, name).tolist(), f"{name}: {got}"
+            assert got.device.type == "cpu" and got.tolist() == getattr(want, name).tolist(), (
+                f"{name}: {got}"
+            )
         assert meta.index.kv_page_ids.tolist() == want.kv_page_ids.tolist()
         last = meta.last_indices
-        assert last.device.type == "cuda" and last.dtype == torch.int64, f"last_indices: {last.dtype} on {last.device}"
-        assert last.tolist() == (want.qo_indptr[1:] - 1).tolist(), f"last query rows {last.tolist()}"
+        assert last.device.type == "cuda" and last.dtype == torch.int64, (
+            f"last_indices: {last.dtype} on {last.device}"
+        )
+        assert last.tolist() == (want.qo_indptr[1:] - 1).tolist(), (
+            f"last query rows {last.tolist()}"
+        )
         assert meta.wrapper is backend.prefill_wrapper, "a prefill batch runs on prefill_wrapper"
         logits = manual.forward(engine, prefill, use_graph=False)
         assert logits.shape[0] == 3 and torch.isfinite(logits).all(), "the planned prefill must run"
         for r, token in zip(reqs, logits.argmax(dim=-1).tolist()):
             r.append_host(torch.tensor([token], dtype=torch.int32))
 
-        engine.graph_runner.graph_bs = [4]  # pad decode batches to 4 (pad_batch only reads the list)
+        engine.graph_runner.graph_bs = [
+            4
+        ]  # pad decode batches to 4 (pad_batch only reads the list)
         try:
             decode = manual.build_batch(engine, reqs, "decode")
         finally:
             engine.graph_runner.graph_bs = []
         meta = decode.attn_metadata
         assert decode.padded_size == 4 and meta.index.seq_lens.numel() == 4, (
-            f"index the padded batch (4 requests, the dummy included), got {meta.index.seq_lens.tolist()}")
+            f"index the padded batch (4 requests, the dummy included), got {meta.index.seq_lens.tolist()}"
+        )
         assert meta.wrapper is backend.decode_wrapper, "a decode batch runs on decode_wrapper"
         assert meta.index.qo_indptr.tolist() == [0, 1, 2, 3, 4]
         logits = manual.forward(engine, decode, use_graph=False)

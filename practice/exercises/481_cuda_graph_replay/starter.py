@@ -37,7 +37,9 @@ logger = init_logger(__name__)
 DEFAULT_MAX_GRAPH_BS = 256
 
 
-def determine_graph_bs(cuda_graph_bs: Sequence[int] | None, cuda_graph_max_bs: int | None, max_running_req: int) -> List[int]:
+def determine_graph_bs(
+    cuda_graph_bs: Sequence[int] | None, cuda_graph_max_bs: int | None, max_running_req: int
+) -> List[int]:
     """The batch sizes to capture, ascending; ``[]`` disables CUDA graphs.
 
     An explicit ``cuda_graph_bs`` wins (sizes above ``max_running_req`` are dropped: no
@@ -53,7 +55,9 @@ def determine_graph_bs(cuda_graph_bs: Sequence[int] | None, cuda_graph_max_bs: i
         if any(bs < 1 for bs in cuda_graph_bs):
             raise ValueError(f"CUDA graph batch sizes must be >= 1, got {list(cuda_graph_bs)}")
         return sorted({bs for bs in cuda_graph_bs if bs <= max_running_req})
-    max_bs = min(DEFAULT_MAX_GRAPH_BS if cuda_graph_max_bs is None else cuda_graph_max_bs, max_running_req)
+    max_bs = min(
+        DEFAULT_MAX_GRAPH_BS if cuda_graph_max_bs is None else cuda_graph_max_bs, max_running_req
+    )
     if max_bs < 1:
         return []
     sizes = {bs for bs in (1, 2, 4) if bs <= max_bs} | set(range(8, max_bs + 1, 8)) | {max_bs}
@@ -111,9 +115,15 @@ class GraphRunner:
         free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
         with torch.inference_mode():
-            for bs in tqdm(sorted(self.graph_bs, reverse=True), desc="capturing CUDA graphs", unit="graph"):
+            for bs in tqdm(
+                sorted(self.graph_bs, reverse=True), desc="capturing CUDA graphs", unit="graph"
+            ):
                 batch = Batch(reqs=[self.dummy_req] * bs, phase="decode")
-                batch.input_ids, batch.positions, batch.out_loc = self.input_ids[:bs], self.positions[:bs], self.out_loc[:bs]
+                batch.input_ids, batch.positions, batch.out_loc = (
+                    self.input_ids[:bs],
+                    self.positions[:bs],
+                    self.out_loc[:bs],
+                )
                 self.attn_backend.prepare_for_capture(batch)
                 graph = torch.cuda.CUDAGraph()
                 with get_global_ctx().forward_batch(batch):
