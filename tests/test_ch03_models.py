@@ -3,13 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import hf_model
 from safetensors import safe_open
 
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.models import ModelConfig, create_model, load_weight
 from minisgl.models.weight import shard_tensor
 from minisgl.utils import cached_load_hf_config, check_model_path, torch_dtype
+from tests.helpers import hf_model
 
 
 class _Meta:

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from conftest import DEVICE, hf_encode, hf_greedy
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler
 from minisgl.engine.sample import top_k_top_p_filter
 from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
+from tests.helpers import DEVICE, hf_encode, hf_greedy
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 ="]
 

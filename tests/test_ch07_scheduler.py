@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy, hf_model
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -13,6 +12,7 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
 from minisgl.scheduler.table import TableManager
+from tests.helpers import DEVICE, hf_greedy, hf_model
 
 PROMPTS = [
     "The capital of France is",

@@ -3,9 +3,7 @@ room for every request it lets in. Mostly without a model; page sizes 1, 4 and 1
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy
 from hypothesis import HealthCheck, given, settings
-from scheduler_harness import check_workload, workloads
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -15,6 +13,8 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
+from tests.helpers import DEVICE, hf_greedy
+from tests.scheduler_harness import check_workload, workloads
 
 PAGE_SIZES = [1, 4, 16]
 

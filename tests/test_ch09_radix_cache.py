@@ -3,16 +3,7 @@ count, LRU eviction of unreferenced leaves, and the manager around it. Page size
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy
 from hypothesis import HealthCheck, given, settings
-from scheduler_harness import (
-    FakeEngineScheduler,
-    check_workload,
-    fake_reference,
-    run_script,
-    user,
-    workloads,
-)
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -23,6 +14,15 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
+from tests.helpers import DEVICE, hf_greedy
+from tests.scheduler_harness import (
+    FakeEngineScheduler,
+    check_workload,
+    fake_reference,
+    run_script,
+    user,
+    workloads,
+)
 
 PAGE_SIZES = [1, 4, 16]
 CPU = torch.device("cpu")

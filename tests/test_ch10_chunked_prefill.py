@@ -4,13 +4,19 @@ as prefilling it in one go."""
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg
+from tests.helpers import DEVICE, hf_greedy
+from tests.scheduler_harness import (
+    FakeEngineScheduler,
+    ScriptedLLM,
+    fake_reference,
+    run_script,
+    user,
+)
 
 LONG = list(range(200, 240))  # 40 tokens
 SHORT = list(range(500, 510))  # 10 tokens

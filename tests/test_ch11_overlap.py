@@ -4,13 +4,19 @@ requests in flight); and every combination of cache, chunk budget and overlap ag
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy
-from scheduler_harness import FakeEngineScheduler, ScriptedLLM, fake_reference, run_script, user
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg
+from tests.helpers import DEVICE, hf_greedy
+from tests.scheduler_harness import (
+    FakeEngineScheduler,
+    ScriptedLLM,
+    fake_reference,
+    run_script,
+    user,
+)
 
 
 def eos_prompt(min_len=2, max_len=4):

@@ -9,7 +9,6 @@ from typing import Dict, List
 
 import pytest
 import torch
-from conftest import DEVICE, hf_greedy
 
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedInfo
@@ -28,6 +27,7 @@ from minisgl.message.utils import dumps, loads
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIOMixin
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, new_ipc_dir
+from tests.helpers import DEVICE, hf_greedy
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ import openai
 import psutil
 import pytest
 import torch
-from conftest import DEVICE, ROOT
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.server.args import parse_args
+from tests.helpers import DEVICE, ROOT
 
 MAX_SEQ_LEN = 512
 PROMPTS = [

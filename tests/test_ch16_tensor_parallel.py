@@ -20,9 +20,7 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import DEVICE
 from safetensors.torch import load_file, save_file
-from test_ch15_server import Server
 
 from minisgl.core import Context, SamplingParams, set_global_ctx
 from minisgl.distributed import DistributedCommunicator, set_tp_info
@@ -42,6 +40,8 @@ from minisgl.layers.shard import (
 )
 from minisgl.llm import LLM
 from minisgl.server.args import parse_args
+from tests.helpers import DEVICE
+from tests.test_ch15_server import Server
 
 PROMPTS = [
     "The capital of France is",

@@ -20,12 +20,12 @@ import random
 
 import pytest
 import torch
-from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.attention.fi import paged_kv_index, use_tensor_cores
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.kernel import torch_ops, use_flashinfer, use_triton
+from tests.helpers import MODELS, SMOLLM2, hf_encode
 
 LOGIT_TOL = 0.02  # of the step's logit range (max - min), per element
 SHAPED = MODELS / "qwen3-0.6b-shaped"

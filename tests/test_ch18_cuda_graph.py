@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.benchmark import manual
 from minisgl.core import Batch, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.engine.graph import determine_graph_bs, padded_batch_size
+from tests.helpers import MODELS, SMOLLM2, hf_encode
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1 + 1 =", "Once upon a time,"]

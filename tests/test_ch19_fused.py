@@ -21,12 +21,12 @@ import textwrap
 
 import pytest
 import torch
-from conftest import MODELS, ROOT, SMOLLM2, hf_encode
 
 import minisgl.models.utils as model_utils
 from minisgl import kernel
 from minisgl.benchmark import manual
 from minisgl.kernel import torch_ops
+from tests.helpers import MODELS, ROOT, SMOLLM2, hf_encode
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]

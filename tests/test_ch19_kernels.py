@@ -19,10 +19,10 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
 
 from minisgl import kernel
 from minisgl.kernel import torch_ops
+from tests.helpers import ROOT
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

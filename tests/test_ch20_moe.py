@@ -19,7 +19,6 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, MODELS, ROOT, ensure_model, hf_greedy
 
 from minisgl.core import Context, SamplingParams, set_global_ctx
 from minisgl.distributed import set_tp_info
@@ -31,6 +30,7 @@ from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.moe.routing import fused_topk, moe_align_block_size
 from minisgl.moe.torch_backend import TorchMoe
 from minisgl.utils import cached_load_hf_config, torch_dtype
+from tests.helpers import DEVICE, MODELS, ROOT, ensure_model, hf_greedy
 
 QWEN3_MOE = MODELS / "tiny-qwen3-moe"
 PROMPTS = [

@@ -11,10 +11,10 @@ import random
 
 import pytest
 import torch
-from conftest import MODELS
 
 from minisgl.benchmark import offline
 from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, format_table, nano_vllm_workload
+from tests.helpers import MODELS
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 
@@ -222,7 +222,7 @@ def test_online_summary_percentiles_and_throughput():
 def _tp_logits():
     import sys
 
-    from conftest import ROOT
+    from tests.helpers import ROOT
 
     sys.path.insert(0, str(ROOT / "tools"))
     import tp_logits

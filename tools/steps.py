@@ -81,7 +81,13 @@ __all__ = [
 ]
 
 # Present in every step tree whatever the chapter: copied if they exist (folders whole).
-INFRASTRUCTURE = ["pyproject.toml", "tests/conftest.py", "tools/"]
+INFRASTRUCTURE = [
+    "pyproject.toml",
+    "tests/__init__.py",
+    "tests/conftest.py",
+    "tests/helpers/",
+    "tools/",
+]
 # Linked into every step tree: large generated data.
 LINKED = ["models"]
 TAIL_LINES = 25  # lines of a failing command's output shown in the report

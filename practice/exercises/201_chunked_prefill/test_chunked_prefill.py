@@ -14,8 +14,6 @@ from typing import List
 
 import pytest
 import torch
-from conftest import hf_greedy
-from scheduler_harness import FakeEngineScheduler, fake_reference, run_script, user
 
 from minisgl.core import SamplingParams
 from minisgl.env import ENV
@@ -26,6 +24,8 @@ from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillAdder, PrefillManager
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
+from tests.helpers import hf_greedy
+from tests.scheduler_harness import FakeEngineScheduler, fake_reference, run_script, user
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 ROWS, MAX_LEN = 4, 64

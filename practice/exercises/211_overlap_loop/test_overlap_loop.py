@@ -12,10 +12,16 @@ from __future__ import annotations
 from typing import List
 
 import pytest
-from scheduler_harness import FakeEngineScheduler, ScriptDone, fake_reference, run_script, user
 
 from minisgl.message import AbortBackendMsg
 from minisgl.scheduler.prefill import ChunkedReq
+from tests.scheduler_harness import (
+    FakeEngineScheduler,
+    ScriptDone,
+    fake_reference,
+    run_script,
+    user,
+)
 
 
 def eos_prompt(start: int = 1) -> List[int]:

@@ -12,10 +12,10 @@ import random
 
 import pytest
 import torch
-from conftest import MODELS, SMOLLM2, hf_encode
 
 from minisgl.attention.fi import PagedKVIndex, paged_kv_index
 from minisgl.benchmark.manual import make_req
+from tests.helpers import MODELS, SMOLLM2, hf_encode
 
 
 def shuffled_table(rows: int, cols: int, page: int, seed: int = 0) -> torch.Tensor:
