@@ -11,6 +11,7 @@ FlashInfer and the torch attention backends and prints how far their logits are 
 """
 
 import argparse
+import importlib.util
 import os
 
 import torch
@@ -19,7 +20,7 @@ from minisgl.attention import create_attention_backend
 from minisgl.attention.fi import paged_kv_index, use_tensor_cores
 from minisgl.benchmark import manual
 from minisgl.engine import Engine, EngineConfig
-from minisgl.kernel import use_flashinfer, use_triton
+from minisgl.kernel import library_for
 from minisgl.utils import load_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,6 +30,7 @@ parser.add_argument(
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 args = parser.parse_args()
 on_gpu = args.device.startswith("cuda")
+with_flashinfer = on_gpu and importlib.util.find_spec("flashinfer") is not None
 
 engine = Engine(
     EngineConfig(
@@ -40,6 +42,7 @@ engine = Engine(
         num_page_override=256,
         max_seq_len_override=128,
         cuda_graph_max_bs=0,
+        attention_backend="fi" if with_flashinfer else "torch",
     )
 )
 tok = load_tokenizer(args.model)
@@ -66,15 +69,16 @@ print(
     f"{use_tensor_cores(mc.num_qo_heads, mc.num_kv_heads)}"
 )
 
-x = torch.zeros(1, device=engine.device, dtype=engine.dtype)
-fi_or_torch = "FlashInfer" if use_flashinfer(x) else "torch reference"
+x = torch.zeros(2, 8, device=engine.device, dtype=engine.dtype)
+slots, loc = torch.zeros(4, 1, 8, device=x.device, dtype=x.dtype), torch.arange(2, device=x.device)
+norms = library_for("rms_norm", x, x[0], 1e-6)
+store = library_for("store_cache", slots, slots, loc, slots[:2], slots[:2])
 print(
-    f"on {engine.device} in {engine.dtype}: norms, SwiGLU, RoPE and sampling use the {fi_or_torch}; "
-    f"KV store and embedding use {'Triton' if use_triton(x) else 'the torch reference'}; "
-    f"attention backend {type(engine.attn_backend).__name__}"
+    f"on {engine.device} in {engine.dtype}: the norms, SwiGLU, RoPE and sampling run on {norms}; "
+    f"the KV store and the embedding on {store}; attention backend {type(engine.attn_backend).__name__}"
 )
 
-if type(engine.attn_backend).__name__ == "FlashInferBackend":
+if with_flashinfer:
     reqs = manual.place(engine, ids, 6)
     tokens, fi_logits = manual.greedy(engine, reqs, 6)
     engine.attn_backend = engine.ctx.attn_backend = create_attention_backend("torch", mc)

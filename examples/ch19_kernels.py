@@ -1,91 +1,156 @@
-"""Chapter 19: the KV store and the embedding gather, as Triton kernels and as torch.
+"""Chapter 19: the kernel table, the row-moving kernels, and the fused decode path.
 
-Both ops only move rows: the store scatters each new token's K and V into the pool at
-``out_loc``, the gather copies one embedding row per token. The script runs the torch
-references on a small example and prints what they do; on a GPU it also runs the Triton
-kernels, checks they produce the same bits, and times both at serving sizes (a prefill
-chunk of 8,192 tokens, a decode batch of 256).
+1. Which library the kernel table picks for each op, for a bf16 call on this device.
+2. The KV store and the embedding gather on a small example (the torch references).
+3. The fused decode path on the model: a prefill, then decode steps of one request on the
+   fused path (``models/fused_decode.py``; on a CPU through its torch references) against
+   the unfused path: the same logits, and the kernel ops a decode step launches.
+4. On a GPU: the Triton store and gather against torch, bit for bit and timed. (The batch-1
+   decode step after each of the chapter's speed-ups is ``python -m minisgl.benchmark.batch1``,
+   chapter 21's benchmark.)
 
-    python examples/ch19_kernels.py [--device cpu|cuda]
+    python examples/ch19_kernels.py [--model PATH] [--device cpu|cuda]
 """
 
 import argparse
+import os
+from collections import Counter
 
 import torch
 
-from minisgl.kernel import torch_ops, use_triton
+from minisgl import kernel
+from minisgl.benchmark import manual
+from minisgl.benchmark.common import cuda_time_ms
+from minisgl.engine import Engine, EngineConfig
+from minisgl.kernel import torch_ops
+from minisgl.models import fused_decode
+from minisgl.utils import load_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument(
+    "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
+)
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 args = parser.parse_args()
 device = torch.device(args.device)
 
-# a pool of 8 token slots, 2 KV heads of dim 3; three tokens go to slots 5, 1 and 6
+# 1. the table ---------------------------------------------------------------------------
+x = torch.zeros(1, 1024, device=device, dtype=torch.bfloat16)
+o_proj = torch.zeros(1024, 2048, device=device, dtype=torch.bfloat16)
+slots = torch.zeros(8, 2, 64, device=device, dtype=torch.bfloat16)
+loc = torch.arange(2, device=device)
+calls = {
+    "rms_norm": (x, x[0], 1e-6),
+    "linear (1 x 2048 @ o_proj)": (torch.zeros(1, 2048, device=device, dtype=x.dtype), o_proj),
+    "linear (64 rows)": (torch.zeros(64, 2048, device=device, dtype=x.dtype), o_proj),
+    "store_cache": (slots, slots, loc, slots[:2], slots[:2]),
+    "norm_linear": (x, x[0], 1e-6, o_proj.T.contiguous()),
+}
+print(f"the kernel table on {device}, for bf16 calls:")
+for name, call_args in calls.items():
+    print(f"  {name:28s} -> {kernel.library_for(name.split()[0], *call_args)}")
+
+# 2. the row-moving kernels' references ----------------------------------------------------
 k_cache, v_cache = torch.zeros(8, 2, 3), torch.zeros(8, 2, 3)
 k = torch.arange(1, 19, dtype=torch.float32).view(3, 2, 3)
-out_loc = torch.tensor([5, 1, 6])
-torch_ops.store_cache(k_cache, v_cache, out_loc, k, -k)
+torch_ops.store_cache(k_cache, v_cache, torch.tensor([5, 1, 6]), k, -k)
 print("store: slot -> first K value after storing tokens 0, 1, 2 at slots [5, 1, 6]:")
 print("  " + ", ".join(f"{s}:{int(k_cache[s, 0, 0])}" for s in range(8)))
 table = torch.arange(12, dtype=torch.float32).view(6, 2)
-print(
-    f"gather: ids [4, 0, 4] from a 6 x 2 table -> {torch_ops.embedding_gather(torch.tensor([4, 0, 4]), table).tolist()}"
+gathered = torch_ops.embedding_gather(torch.tensor([4, 0, 4]), table).tolist()
+print(f"gather: ids [4, 0, 4] from a 6 x 2 table -> {gathered}")
+
+# 3. the fused decode path -------------------------------------------------------------------
+on_gpu = device.type == "cuda"
+engine = Engine(
+    EngineConfig(
+        args.model,
+        dtype=torch.bfloat16 if on_gpu else torch.float32,
+        device=args.device,
+        max_running_req=1,
+        num_page_override=64,
+        max_seq_len_override=64,
+        cuda_graph_max_bs=0,
+    )
 )
+if not isinstance(engine.model, fused_decode.FusedDecodeLM):  # no Triton here: its torch references
+    engine.model = fused_decode.FusedDecodeLM(engine.model)
+    fused_decode.takes = lambda model, batch: batch.is_decode and batch.padded_size == 1
+models = {False: engine.model.unfused, True: engine.model}
+prompt = load_tokenizer(args.model).encode("The capital of France is")
+ops: Counter = Counter()
+real_run = kernel._run
+
+
+def counted(op, *a, **kw):  # every kernel op a forward pass calls, by name
+    ops[op] += 1
+    return real_run(op, *a, **kw)
+
+
+def run(fused: bool, forced=None):
+    engine.model = models[fused]
+    return manual.greedy(
+        engine, manual.place(engine, [prompt], 4), 4, use_graph=False, forced=forced
+    )
+
+
+tokens, plain = run(fused=False)
+_, fused = run(fused=True, forced=tokens)
+layers = len(engine.model.model.layers)
+diff = max(float((a - b).abs().max()) for a, b in zip(plain[1:], fused[1:]))
 print(
-    f"on {device}: the engine's KV store and embedding run on "
-    f"{'Triton' if use_triton(torch.zeros(1, device=device)) else 'the torch reference'}"
+    f"fused decode path, {layers} layers: max |fused - unfused| logit over 3 decode steps {diff:.2e}"
 )
 
 
-def time_ms(fn, iters: int = 100) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+def ops_of_one_decode_step(fused_on: bool) -> Counter:
+    """The kernel ops of a prefill and one decode step, less those of the prefill alone."""
+    counts = []
+    for steps in (1, 2):
+        ops.clear()
+        kernel._run = counted
+        engine.model = models[fused_on]
+        manual.greedy(engine, manual.place(engine, [prompt], 2), steps, use_graph=False)
+        kernel._run = real_run
+        counts.append(Counter(ops))
+    return counts[1] - counts[0]
 
 
-if use_triton(torch.zeros(1, device=device)):
-    from minisgl.kernel import triton_store
+for fused_on in (False, True):
+    step_ops = ops_of_one_decode_step(fused_on)
+    kinds = ", ".join(f"{op} {n}" for op, n in sorted(step_ops.items()))
+    label = "fused" if fused_on else "unfused"
+    print(
+        f"  {label}: {sum(step_ops.values())} ops through the kernel table in a decode step ({kinds})"
+    )
+engine.shutdown()
+
+# 4. on a GPU: the Triton kernels timed, and the batch-1 step rung by rung -----------------------
+if on_gpu and kernel.has_kernel("store_cache", "triton", device):
+    from minisgl.kernel.triton import store as triton_store
 
     dt = torch.bfloat16
     w = torch.randn(151936, 1024, device=device, dtype=dt)
-    for tokens in (256, 8192):
-        qkv = torch.randn(
-            tokens, 32 * 128, device=device, dtype=dt
-        )  # Qwen3-0.6B: 16 q + 8 k + 8 v heads
-        k, v = qkv[:, 2048:3072].view(tokens, 8, 128), qkv[:, 3072:].view(tokens, 8, 128)
-        loc = torch.randperm(65536, device=device)[:tokens].to(torch.int32)
-        kc, vc = (
-            torch.zeros(65536, 8, 128, device=device, dtype=dt),
-            torch.zeros(65536, 8, 128, device=device, dtype=dt),
-        )
+    for tokens_n in (256, 8192):
+        qkv = torch.randn(tokens_n, 32 * 128, device=device, dtype=dt)  # 16 q + 8 k + 8 v heads
+        k, v = qkv[:, 2048:3072].view(tokens_n, 8, 128), qkv[:, 3072:].view(tokens_n, 8, 128)
+        loc = torch.randperm(65536, device=device)[:tokens_n].to(torch.int32)
+        kc, vc = (torch.zeros(65536, 8, 128, device=device, dtype=dt) for _ in range(2))
         kr, vr = kc.clone(), vc.clone()
         triton_store.store_cache(kc, vc, loc, k, v)
         torch_ops.store_cache(kr, vr, loc.long(), k, v)
-        ids = torch.randint(0, 151936, (tokens,), device=device, dtype=torch.int32)
+        ids = torch.randint(0, 151936, (tokens_n,), device=device, dtype=torch.int32)
         same = torch.equal(kc, kr) and torch.equal(vc, vr)
-        same_gather = torch.equal(
-            triton_store.embedding_gather(ids, w), torch_ops.embedding_gather(ids.long(), w)
-        )
-        t_ref = time_ms(lambda: torch_ops.store_cache(kr, vr, loc.long(), k, v))
-        t_tri = time_ms(lambda: triton_store.store_cache(kc, vc, loc, k, v))
-        g_ref = time_ms(lambda: torch_ops.embedding_gather(ids.long(), w))
-        g_tri = time_ms(lambda: triton_store.embedding_gather(ids, w))
-        moved = 2 * 2 * tokens * 8 * 128 * 2  # K and V, read and written, bf16
+        gather = triton_store.embedding_gather(ids, w)
+        same_gather = torch.equal(gather, torch_ops.embedding_gather(ids.long(), w))
+        t_ref = cuda_time_ms(lambda: torch_ops.store_cache(kr, vr, loc.long(), k, v), 100)
+        t_tri = cuda_time_ms(lambda: triton_store.store_cache(kc, vc, loc, k, v), 100)
+        g_ref = cuda_time_ms(lambda: torch_ops.embedding_gather(ids.long(), w), 100)
+        g_tri = cuda_time_ms(lambda: triton_store.embedding_gather(ids, w), 100)
         print(
-            f"{tokens:>5} tokens: store  same bits {same}, torch {t_ref * 1e3:6.1f} us, triton {t_tri * 1e3:6.1f} us "
-            f"({moved / (t_tri / 1e3) / 1e9:,.0f} GB/s)"
-        )  # t_tri is in ms
-        print(
-            f"{tokens:>5} tokens: gather same bits {same_gather}, torch {g_ref * 1e3:6.1f} us, "
-            f"triton {g_tri * 1e3:6.1f} us"
+            f"{tokens_n:>5} tokens: store same bits {same}, torch {t_ref * 1e3:6.1f} us, "
+            f"triton {t_tri * 1e3:6.1f} us; gather same bits {same_gather}, "
+            f"torch {g_ref * 1e3:6.1f} us, triton {g_tri * 1e3:6.1f} us"
         )
 else:
-    print(
-        "(no GPU here: on one, this compares the Triton kernels with torch bit for bit and times both)"
-    )
+    print("(no GPU here: on one, the Triton store and gather are checked and timed against torch)")

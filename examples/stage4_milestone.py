@@ -24,6 +24,7 @@ checks ran and which need a GPU, and prints no GPU figure.
 # output: mask \d\.\d+e-\d+
 
 import argparse
+import importlib.util
 import os
 import random
 import subprocess
@@ -40,7 +41,7 @@ from minisgl.benchmark.workload import nano_vllm_workload
 from minisgl.core import Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig
 from minisgl.env import ENV
-from minisgl.kernel import torch_ops, triton_available, use_flashinfer, use_triton
+from minisgl.kernel import serves, torch_ops
 from minisgl.utils import load_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,7 +81,7 @@ print(f"stage 4 on {args.device} ({DTYPE}), model {os.path.basename(args.model)}
 # ---- 1. which kernel serves which op ------------------------------------------------------
 print("1. kernels")
 probe = torch.zeros(1, device=args.device, dtype=DTYPE)
-fi, tr = use_flashinfer(probe), use_triton(probe)
+fi, tr = serves("flashinfer", probe), serves("triton", probe)
 print(
     f"  norms, SwiGLU, RoPE, sampling: {'FlashInfer' if fi else 'torch reference'}; "
     f"KV store, embedding gather: {'Triton' if tr else 'torch reference'}"
@@ -148,6 +149,7 @@ engine = Engine(
         num_page_override=256,
         max_seq_len_override=256,
         cuda_graph_max_bs=0,
+        attention_backend="fi" if fi else "auto",
     )
 )
 backend = type(engine.attn_backend).__name__
@@ -179,7 +181,8 @@ engine.shutdown()
 print("3. Triton kernels")
 TRITON_CHECK = """
 import torch
-from minisgl.kernel import torch_ops, triton_store
+from minisgl.kernel import torch_ops
+from minisgl.kernel.triton import store as triton_store
 dev, dtype, tokens = {dev!r}, getattr(torch, {dtype!r}), {tokens}
 gen = torch.Generator().manual_seed(0)
 qkv = torch.randn(tokens, 32 * 64, generator=gen).to(dev, dtype)  # 16 q + 8 k + 8 v heads of 64
@@ -199,7 +202,7 @@ if __name__ == "__main__":  # in a subprocess (python -c); not under exec()
 if ON_GPU and tr:
     namespace: dict = {}
     exec(TRITON_CHECK.format(dev="cuda", dtype="bfloat16", tokens=8192), namespace)
-    from minisgl.kernel import triton_store
+    from minisgl.kernel.triton import store as triton_store
 
     def time_us(fn, iters: int = 100) -> float:
         for _ in range(5):
@@ -222,7 +225,7 @@ if ON_GPU and tr:
         n["same"] and n["same_gather"],
         f"same bits as torch; store: torch {t_ref:.1f} us, Triton {t_tri:.1f} us",
     )
-elif triton_available():
+elif importlib.util.find_spec("triton") is not None:
     env = dict(os.environ, TRITON_INTERPRET="1")  # read when triton is imported: a fresh process
     res = subprocess.run(
         [

@@ -3,11 +3,17 @@
 ``ENV.DISABLE_OVERLAP_SCHEDULING.value = True`` turns overlap scheduling (chapter 11) off,
 as chapter 7's example does to show the plain loop. ``MINISGL_TORCH_KERNELS=1`` keeps the
 torch reference kernels on CUDA too, instead of FlashInfer and Triton (chapters 17, 19): the
-switch to reach for when a fast kernel is suspected of a wrong answer.
-``MINISGL_DISABLE_GEMV=1`` sends only the small-batch linear layers back to ``F.linear``
-(cuBLAS) and keeps the other Triton kernels (chapter 19's GEMV, for comparisons);
-``MINISGL_DISABLE_FUSED_DECODE=1`` turns off chapter 19's fused batch-1 decode path. Mirrors
-upstream ``minisgl.env`` (which has neither of the kernel switches).
+switch to reach for when a fast kernel is suspected of a wrong answer. The others each turn
+one of chapter 19's speed-ups off, to measure what it saves (``minisgl.benchmark.batch1``
+turns them off one after another):
+
+* ``MINISGL_DISABLE_GEMV=1``: small-batch linear layers back on ``F.linear`` (cuBLAS);
+* ``MINISGL_DISABLE_FUSED_DECODE=1``: no fused decode path (``models/fused_decode.py``);
+* ``MINISGL_DISABLE_SPLIT_KV=1``: FlashInfer's decode attention at every batch size;
+* ``MINISGL_DISABLE_PDL=1``: chapter 19's kernels launched without programmatic dependent launch;
+* ``MINISGL_DISABLE_LM_HEAD_KERNEL=1``: the fused path's final norm and LM head on torch.
+
+Mirrors upstream ``minisgl.env`` (which has none of the kernel switches).
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ class _Env:
         self.TORCH_KERNELS = EnvBool("MINISGL_TORCH_KERNELS")
         self.DISABLE_GEMV = EnvBool("MINISGL_DISABLE_GEMV")
         self.DISABLE_FUSED_DECODE = EnvBool("MINISGL_DISABLE_FUSED_DECODE")
+        self.DISABLE_SPLIT_KV = EnvBool("MINISGL_DISABLE_SPLIT_KV")
+        self.DISABLE_PDL = EnvBool("MINISGL_DISABLE_PDL")
+        self.DISABLE_LM_HEAD_KERNEL = EnvBool("MINISGL_DISABLE_LM_HEAD_KERNEL")
 
 
 ENV = _Env()

@@ -5,7 +5,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler
-from minisgl.engine.sample import top_k_top_p_filter
+from minisgl.kernel.torch_sampling import top_k_top_p_filter
 from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
 from tests.helpers import DEVICE, hf_encode, hf_greedy
 

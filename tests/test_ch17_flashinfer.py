@@ -24,7 +24,7 @@ import torch
 from minisgl.attention.fi import paged_kv_index, use_tensor_cores
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
-from minisgl.kernel import torch_ops, use_flashinfer, use_triton
+from minisgl.kernel import serves, torch_ops
 from tests.helpers import MODELS, SMOLLM2, hf_encode
 
 LOGIT_TOL = 0.02  # of the step's logit range (max - min), per element
@@ -127,9 +127,12 @@ def test_tensor_cores_from_a_group_of_four():
 
 
 def test_kernels_stay_on_torch_on_the_cpu():
-    x = torch.randn(4, 8)
-    assert not use_flashinfer(x) and not use_triton(x)
-    assert not use_flashinfer(x.bfloat16())
+    from minisgl import kernel
+
+    for x in (torch.randn(4, 8), torch.randn(4, 8).bfloat16()):
+        assert (
+            not serves("flashinfer", x) and kernel.library_for("rms_norm", x, x[0], 1e-6) == "torch"
+        )
 
 
 def test_the_engine_picks_torch_attention_without_cuda(qwen3_path):
@@ -344,7 +347,7 @@ def test_the_torch_kernels_switch_turns_fast_kernels_off():
     x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
     ENV.TORCH_KERNELS.value = True
     try:
-        assert not use_flashinfer(x) and not use_triton(x)
+        assert not serves("flashinfer", x) and not serves("triton", x)
     finally:
         ENV.TORCH_KERNELS.value = False
 

@@ -58,7 +58,8 @@ def test_triton_kernels_match_the_reference_in_the_interpreter():
     script = textwrap.dedent(
         """
         import torch
-        from minisgl.kernel import torch_ops, triton_store
+        from minisgl.kernel import torch_ops
+        from minisgl.kernel.triton import store as triton_store
         from test_ch19_kernels import _store_case
         for dtype in (torch.float32, torch.bfloat16):
             for idx in (torch.int32, torch.int64):
@@ -139,7 +140,7 @@ def test_gemv_matches_f_linear_in_the_interpreter():
         """
         import torch
         import torch.nn.functional as F
-        from minisgl.kernel.triton_gemv import GemvConfig, gemv
+        from minisgl.kernel.triton.gemv import GemvConfig, gemv
         from test_ch19_kernels import _gemv_case, _rel_diff
         cases = 0
         for n, k in ((96, 64), (1000, 200)):
@@ -193,7 +194,7 @@ def test_gemv_matches_f_linear_in_the_interpreter():
 )
 @pytest.mark.parametrize("tp", [1, 2])
 def test_gemv_config_fills_the_gpu_at_qwen3_shapes(tp):
-    from minisgl.kernel.triton_gemv import ACC_PER_THREAD, MAX_SPLIT_K, PROGRAMS_PER_SM, gemv_config
+    from minisgl.kernel.triton.gemv import ACC_PER_THREAD, MAX_SPLIT_K, PROGRAMS_PER_SM, gemv_config
 
     sms = 132
     for name, (n, k) in (QWEN3_LINEARS if tp == 1 else QWEN3_LINEARS_TP2).items():
@@ -224,7 +225,7 @@ def test_linear_on_the_cpu_is_f_linear():
     for dtype in (torch.float32, torch.bfloat16):
         for m in (1, 8, 33):
             x, w, b = _gemv_case(m, 96, 64, True, dtype)
-            assert not kernel.use_gemv(x, w)
+            assert kernel.library_for("linear", x, w) == "torch"
             assert torch.equal(kernel.linear(x, w, b), F.linear(x, w, b)), (dtype, m)
             assert torch.equal(kernel.linear(x, w), F.linear(x, w)), (dtype, m)
     x3 = torch.randn(2, 3, 64)  # any leading dims, as F.linear allows
@@ -236,22 +237,16 @@ def test_linear_on_the_cpu_is_f_linear():
 
 
 def _time_ms(fn, iters: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    from minisgl.benchmark.common import cuda_time_ms
+
+    return cuda_time_ms(fn, iters)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
 def test_triton_store_matches_the_reference(dtype, idx_dtype):
-    from minisgl.kernel import triton_store
+    from minisgl.kernel.triton import store as triton_store
 
     for tokens, heads, dim in [(1, 8, 128), (37, 3, 64), (4096, 8, 128)]:
         k, v, loc, (kc, vc) = _store_case("cuda", dtype, tokens, heads, dim, 8192, idx_dtype)
@@ -264,7 +259,7 @@ def test_triton_store_matches_the_reference(dtype, idx_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("hidden", [576, 1024, 5000])
 def test_triton_gather_matches_the_reference(hidden):
-    from minisgl.kernel import triton_store
+    from minisgl.kernel.triton import store as triton_store
 
     w = torch.randn(151936, hidden, device="cuda", dtype=torch.bfloat16)
     for n in (1, 256, 8192):
@@ -277,7 +272,7 @@ def test_triton_gather_matches_the_reference(hidden):
 @pytest.mark.gpu
 def test_kernels_are_timed_against_the_reference(capsys):
     """Not a pass/fail race (timings vary): prints both, fails only if a kernel is far slower."""
-    from minisgl.kernel import triton_store
+    from minisgl.kernel.triton import store as triton_store
 
     k, v, loc, (kc, vc) = _store_case("cuda", torch.bfloat16, 8192, 8, 128, 65536, torch.int32)
     loc64 = loc.long()
@@ -304,9 +299,10 @@ def test_kernels_are_timed_against_the_reference(capsys):
 
 @pytest.mark.gpu
 def test_the_pool_and_the_embedding_use_triton_on_cuda():
-    from minisgl.kernel import use_triton
-
-    assert use_triton(torch.zeros(1, device="cuda"))
+    x, w = torch.zeros(4, 8, 16, device="cuda"), torch.zeros(10, 16, device="cuda")
+    loc = torch.arange(4, device="cuda")
+    assert kernel.library_for("store_cache", x, x, loc, x, x) == "triton"
+    assert kernel.library_for("embedding_gather", loc, w) == "triton"
 
 
 @pytest.mark.gpu
@@ -315,7 +311,7 @@ def test_gemv_matches_f_linear_at_qwen3_shapes(tp):
     """bf16 on the GPU rounds each output to nearest once (within 2**-8 of it); float32
     sums in another order add far less. 2**-7 of the largest output (about 0.8 %) is
     twice the rounding bound; a wrong tile or mask is off by far more."""
-    from minisgl.kernel import triton_gemv
+    from minisgl.kernel.triton import gemv as triton_gemv
 
     for name, (n, k) in (QWEN3_LINEARS if tp == 1 else QWEN3_LINEARS_TP2).items():
         for m in (1, 2, 3, 4, 8):
@@ -332,7 +328,7 @@ def test_gemv_matches_f_linear_at_qwen3_shapes(tp):
 @pytest.mark.gpu
 def test_linear_sends_small_batches_to_the_gemv(monkeypatch):
     from minisgl.env import ENV
-    from minisgl.kernel import triton_gemv
+    from minisgl.kernel.triton import gemv as triton_gemv
 
     calls = []
     real = triton_gemv.gemv
@@ -358,7 +354,7 @@ def test_linear_sends_small_batches_to_the_gemv(monkeypatch):
 @pytest.mark.gpu
 def test_gemv_replays_in_a_cuda_graph():
     """Split-K allocates its partial sums at capture; the replay must reuse them correctly."""
-    from minisgl.kernel import triton_gemv
+    from minisgl.kernel.triton import gemv as triton_gemv
 
     x, w, _ = _gemv_case(4, 1024, 3072, False, torch.bfloat16, "cuda")  # down_proj: split-K
     assert triton_gemv.gemv_config(4, 1024, 3072).split_k > 1
@@ -380,9 +376,9 @@ def test_gemv_replays_in_a_cuda_graph():
 @pytest.mark.gpu
 def test_gemv_is_timed_against_cublas(capsys):
     """Not a race either: prints both at batch 1, with the weights read from memory (see
-    benchmarks/gemv.py), and fails only if the GEMV is more than twice as slow plus 5 us."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gemv import time_gemv
+    ``python -m minisgl.benchmark.gemv``), and fails only if the GEMV is more than twice as
+    slow plus 5 us."""
+    from minisgl.benchmark.gemv import time_gemv
 
     rows = [
         (name, time_gemv(1, n, k, torch.bfloat16, replays=10))

@@ -445,8 +445,7 @@ def test_engine_with_the_fused_backend_equals_hf_greedy(moe_path):
 @pytest.mark.gpu
 def test_fused_is_timed_against_torch(capsys):
     """Not a race (timings vary): prints both; fails only if the fused path is slower than the loop."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from moe_layer import time_moe_layer
+    from minisgl.benchmark.moe_layer import time_moe_layer
 
     row = time_moe_layer(256, **A3B, dtype=torch.bfloat16, iters=20)
     with capsys.disabled():

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from minisgl.benchmark import offline
-from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, format_table, nano_vllm_workload
+from minisgl.benchmark.common import format_table
+from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, nano_vllm_workload
 from tests.helpers import MODELS
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"

@@ -1,4 +1,5 @@
-"""Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA.
+"""Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA;
+``split_kv`` (chapter 19) for decode batches of one or two requests, over either.
 
 ``"prefill_name,decode_name"`` builds a ``HybridBackend`` (``"fi,torch"``, ``"torch,fi"``).
 A backend module is imported only when its name is asked for, so the CPU never imports
@@ -8,6 +9,8 @@ A backend module is imported only when its name is asked for, so the CPU never i
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
+
+import torch
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
@@ -44,6 +47,24 @@ def _flashinfer_backend(config: ModelConfig) -> BaseAttnBackend:
         config.head_dim,
         ctx.kv_cache,  # type: ignore[arg-type]
         ctx.page_size,
+    )
+
+
+@ATTENTION_BACKENDS.register("split_kv")
+def _split_kv_backend(config: ModelConfig) -> BaseAttnBackend:
+    """Chapter 19: decode batches of one or two requests on the split-KV kernel; every other
+    batch on FlashInfer (an fp16/bf16 pool on CUDA) or the torch backend."""
+    from .split_kv import SplitKVBackend
+
+    pool = get_global_ctx().kv_cache
+    on_flashinfer = pool.device.type == "cuda" and pool.dtype in (torch.float16, torch.bfloat16)
+    fallback = (_flashinfer_backend if on_flashinfer else _torch_backend)(config)
+    tp = get_tp_info().size
+    return SplitKVBackend(
+        fallback,
+        div_even(config.num_qo_heads, tp),
+        div_even(config.num_kv_heads, tp, allow_replicate=True),
+        config.head_dim,
     )
 
 

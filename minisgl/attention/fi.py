@@ -21,13 +21,6 @@ at positions ``cached_len ..``) sees the whole prefix. Decode batches use
 a KV head (the group is then big enough to fill an MMA tile). CUDA graphs (chapter 18)
 get one decode wrapper per captured batch size, planned into fixed buffers.
 
-A decode batch of one or two requests (``SMALL_DECODE_MAX_BS``), in an engine whose requests
-are at most ``SMALL_DECODE_MAX_SEQ_LEN`` tokens long, skips FlashInfer's kernel: chapter 19's
-split-KV kernel (``kernel.triton_decode``) reads the same paged index from the device and
-spreads a single request's context over the whole GPU; on the fused decode path
-(``forward_qkv``) the same kernel also does the q/k norms, RoPE and the KV store
-(``MINISGL_DISABLE_FUSED_DECODE=1`` turns it off with the rest of chapter 19's batch-1 path).
-
 Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
 only; this one takes any ``P``).
 """
@@ -36,13 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 import torch
 
 from minisgl.utils import div_ceil
 
-from .base import BaseAttnBackend, BaseAttnMetadata, QKNormRope
+from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch, Req
@@ -50,11 +43,6 @@ if TYPE_CHECKING:
 
 WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's recommended float workspace (split-KV partials)
 TENSOR_CORE_MIN_GROUP = 4  # query heads per KV head from which decode runs on tensor cores
-SMALL_DECODE_MAX_BS = 2  # decode batches up to this size use the split-KV Triton kernel
-# ...when no request can be longer than this: the kernel's loop count is fixed at compile time
-# from the longest possible context (one graph serves every length), and past a few
-# iterations the masked ones cost more than the kernel saves (measured up to 2 on an H200)
-SMALL_DECODE_MAX_SEQ_LEN = 4096
 
 
 def use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
@@ -116,9 +104,6 @@ class FIMetadata(BaseAttnMetadata):
     last_indices: torch.Tensor  # [B] int64 on the device: each request's last query row
     wrapper: Any  # the FlashInfer wrapper that will run this batch
     planned: bool = False
-    # a decode of <= SMALL_DECODE_MAX_BS requests: (kv_indptr, kv_page_ids, kv_last_page_len)
-    # on the device, for the split-KV kernel; None for every other batch
-    small_decode: Optional[tuple] = None
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
         return self.last_indices[:bs]
@@ -132,8 +117,6 @@ class FlashInferBackend(BaseAttnBackend):
         ImportError: when ``flashinfer`` is not installed (``pip install -e .[gpu]``).
         ValueError: when the pool is not on CUDA or not fp16/bf16.
     """
-
-    accepts_stored_kv = True
 
     def __init__(
         self,
@@ -176,103 +159,25 @@ class FlashInferBackend(BaseAttnBackend):
             get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin=True
         )
         last = (index.qo_indptr[1:] - 1).to(torch.int64).pin_memory()
-        batch.attn_metadata = meta = FIMetadata(
+        batch.attn_metadata = FIMetadata(
             index=index,
             last_indices=last.to(self.device, non_blocking=True),
             wrapper=self.decode_wrapper if batch.is_decode else self.prefill_wrapper,
         )
-        if self._small_decode(batch):
-            to_device = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-            meta.small_decode = (
-                to_device(index.kv_indptr),
-                index.kv_page_ids,
-                to_device(index.kv_last_page_len),
-            )
-
-    def _small_decode(self, batch: Batch) -> bool:
-        """Whether ``batch`` goes to the split-KV Triton kernel (see the module docstring)."""
-        from minisgl.core import get_global_ctx
-        from minisgl.kernel import use_small_decode_attention
-
-        return (
-            batch.is_decode
-            and batch.padded_size <= SMALL_DECODE_MAX_BS
-            and get_global_ctx().page_table.shape[1] <= SMALL_DECODE_MAX_SEQ_LEN
-            and use_small_decode_attention(self.kv_cache.k_cache(0))  # the pool's dtype and device
-        )
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: Optional[torch.Tensor],
-        v: Optional[torch.Tensor],
-        layer_id: int,
-        batch: Batch,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
-        if meta.small_decode is not None:
-            return self._forward_small_decode(q, k, v, layer_id, batch, meta.small_decode)
         if not meta.planned:
             # Planned here, in the first layer, rather than in prepare_metadata: under overlap
             # scheduling prepare_metadata runs on the scheduler's stream while the previous
             # batch still runs on the engine's, and plan() overwrites the workspace that
             # batch's kernels are reading. Here we are on the engine stream, in order.
             self._plan(meta)
-        if k is not None and v is not None:  # None: stored by the fused decode path
-            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
         paged_kv = (self.kv_cache.k_cache(layer_id), self.kv_cache.v_cache(layer_id))
         return meta.wrapper.run(q, paged_kv)
-
-    def forward_qkv(
-        self, qkv: torch.Tensor, qk: QKNormRope, layer_id: int, batch: Batch
-    ) -> torch.Tensor:
-        meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
-        if meta.small_decode is None:
-            return super().forward_qkv(qkv, qk, layer_id, batch)
-        from minisgl.core import get_global_ctx
-        from minisgl.kernel.triton_decode import decode_attention_qkv
-
-        # the split-KV kernel does the q/k norms, RoPE and the KV store too
-        return decode_attention_qkv(
-            qkv,
-            batch.positions,
-            qk.cos_sin_cache,
-            qk.q_norm,
-            qk.k_norm,
-            qk.eps,
-            self.kv_cache.k_slots(layer_id),
-            self.kv_cache.v_slots(layer_id),
-            batch.out_loc,
-            *meta.small_decode,
-            page_size=self.page_size,
-            sm_scale=self.head_dim**-0.5,
-            max_seq_len=get_global_ctx().page_table.shape[1],
-            num_qo_heads=qk.num_qo_heads,
-        )
-
-    def _forward_small_decode(
-        self,
-        q: torch.Tensor,
-        k: Optional[torch.Tensor],
-        v: Optional[torch.Tensor],
-        layer_id: int,
-        batch: Batch,
-        index: tuple,
-    ) -> torch.Tensor:
-        from minisgl.core import get_global_ctx
-        from minisgl.kernel.triton_decode import decode_attention
-
-        if k is not None and v is not None:
-            self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
-        return decode_attention(
-            q.contiguous(),
-            self.kv_cache.k_slots(layer_id),
-            self.kv_cache.v_slots(layer_id),
-            *index,
-            page_size=self.page_size,
-            sm_scale=self.head_dim**-0.5,
-            max_seq_len=get_global_ctx().page_table.shape[1],
-        )
 
     def _plan(self, meta: FIMetadata) -> None:
         import flashinfer
@@ -343,21 +248,4 @@ class FlashInferBackend(BaseAttnBackend):
     def prepare_for_replay(self, batch: Batch) -> None:
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         meta.wrapper = self.graph_wrappers[batch.padded_size]
-        if meta.small_decode is None:
-            self._plan(meta)  # copies this batch's index into the graph's fixed buffers
-            return
-        # The split-KV kernel reads only the index: three copies into the same buffers and no
-        # plan, whose host work and copies sit between the step's start and the replay
-        # (batch 1 on an H200: 0.599 ms a step without them, 0.610 with them; chapter 19)
-        bs = batch.padded_size
-        graph_index = (
-            self._graph_kv_indptr[: bs + 1],
-            self._graph_kv_page_ids,
-            self._graph_kv_last_page_len[:bs],
-        )
-        for buffer, values in zip(graph_index, meta.small_decode):
-            buffer[: values.numel()].copy_(values)
-            # made on the scheduler's stream under overlap scheduling, and dropped just below:
-            # the allocator must not hand its memory out again before this copy has run
-            values.record_stream(torch.cuda.current_stream(self.device))
-        meta.small_decode = graph_index
+        self._plan(meta)  # copies this batch's index into the graph's fixed buffers

@@ -11,7 +11,7 @@ slots) and on any device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,6 @@ class TorchAttnMetadata(BaseAttnMetadata):
 
 
 class TorchAttnBackend(BaseAttnBackend):
-    accepts_stored_kv = True
-
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self.num_qo_heads = num_qo_heads
         self.num_kv_heads = num_kv_heads
@@ -61,16 +59,10 @@ class TorchAttnBackend(BaseAttnBackend):
         batch.attn_metadata = TorchAttnMetadata(cu, cached, seq, kv, last.to(page_table.device))
 
     def forward(
-        self,
-        q: torch.Tensor,
-        k: Optional[torch.Tensor],
-        v: Optional[torch.Tensor],
-        layer_id: int,
-        batch: Batch,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         pool: MHAKVCache = get_global_ctx().kv_cache  # type: ignore[assignment]
-        if k is not None and v is not None:  # None: stored by the fused decode path
-            pool.store_kv(k, v, batch.out_loc, layer_id)
+        pool.store_kv(k, v, batch.out_loc, layer_id)
         k_slots, v_slots = pool.k_slots(layer_id), pool.v_slots(layer_id)
         meta: TorchAttnMetadata = batch.attn_metadata  # type: ignore[assignment]
         out = torch.empty_like(q)

@@ -38,27 +38,8 @@ from minisgl.core import Batch
 from minisgl.engine import Engine, EngineConfig
 from minisgl.utils import div_ceil
 
+from .common import format_table, measure_copy_bandwidth
 from .manual import build_batch, place
-from .workload import format_table
-
-
-def measure_copy_bandwidth(
-    device: torch.device, num_bytes: int = 1 << 30, iters: int = 20
-) -> float:
-    """Device memory bandwidth in bytes/s: ``2 * num_bytes`` moved per copy (read + write)."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1e3
-    del src, dst
-    return 2 * num_bytes * iters / seconds
 
 
 def weight_bytes(engine: Engine) -> int:

@@ -37,7 +37,8 @@ from minisgl.llm import LLM
 from minisgl.message import DetokenizeMsg
 from minisgl.utils.device import default_device, is_cuda, synchronize
 
-from .workload import OfflineWorkload, format_table, gib, nano_vllm_workload
+from .common import format_table
+from .workload import OfflineWorkload, gib, nano_vllm_workload
 
 
 @dataclass

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from minisgl.server.local import start_server, stop_server, wait_ready
 
-from .workload import format_table
+from .common import format_table
 
 
 @dataclass(frozen=True)

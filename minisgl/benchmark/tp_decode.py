@@ -42,8 +42,8 @@ from minisgl.engine.graph import GraphRunner
 from minisgl.utils import div_ceil
 from minisgl.utils.mp import new_ipc_dir
 
+from .common import format_table
 from .decode_step import make_decode_batch
-from .workload import format_table
 
 
 def _timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 from minisgl.core import SamplingParams
 
@@ -69,15 +69,6 @@ def nano_vllm_workload(
     ]
     max_tokens = [rng.randint(*output_len) for _ in range(num_seqs)]
     return OfflineWorkload(prompts, max_tokens)
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A plain-text table with right-aligned columns (numbers line up), as a string."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = [" | ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def gib(num_bytes: float) -> str:

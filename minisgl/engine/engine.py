@@ -14,12 +14,13 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.attention import ATTENTION_BACKENDS, create_attention_backend
+from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.distributed import destroy_distributed, init_distributed, set_tp_info
+from minisgl.kernel import has_kernel
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.layers.shard import check_tp_size
-from minisgl.models import create_model, load_weight
+from minisgl.models import BaseLLMModel, create_model, load_weight
 from minisgl.utils import align_up, div_even, init_logger, torch_dtype
 from minisgl.utils.device import (
     Event,
@@ -47,16 +48,45 @@ class ForwardOutput(NamedTuple):
 
 
 class Engine:
+    """One model, its KV pool and page table, an attention backend, a sampler and, on a GPU,
+    the decode CUDA graphs. ``__init__`` builds them in the order each needs the one before;
+    ``startup_seconds`` says where the time went."""
+
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         self.config = config
+        self._init_device_and_ranks()
+        free_before = get_free_memory(self.device) if is_cuda(self.device) else 0
+        self.model = self._load_model()
+        t_load = time.perf_counter()
+        self._init_kv_cache(self._determine_num_pages(free_before))
+        self.ctx.attn_backend = self.attn_backend = create_attention_backend(
+            self._pick_attention_backend(), config.model_config
+        )
+        self.model = self._fuse_decode(self.model)
+        self.sampler = Sampler(self.device, config.model_config.vocab_size, config.seed)
+        self.graph_runner = self._capture_graphs()
+        t_end = time.perf_counter()
+        self.startup_seconds = {
+            "load": t_load - t0,
+            "kv_cache": t_end - t_load - self.graph_runner.capture_seconds,
+            "jit_warmup": self.graph_runner.warmup_seconds,
+            "graph_capture": self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds,
+            "total": t_end - t0,
+        }
+        logger.info_rank0(f"engine ready on {self.device} in {t_end - t0:.1f} s")
+
+    # ---- start-up, step by step -------------------------------------------------------------
+    def _init_device_and_ranks(self) -> None:
+        """The device, this rank's place among the ranks (chapter 16), the engine's stream and
+        the global context every layer reads."""
+        config, mc = self.config, self.config.model_config
         self.device = check_device(config.device) if config.device else default_device()
         if is_cuda(self.device) and self.device.index is None:
             self.device = torch.device("cuda", config.tp_info.rank)
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
         set_tp_info(config.tp_info.rank, config.tp_info.size)
-        mc = config.model_config
         check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, config.tp_info.size)
         # with several ranks: blocks until all have joined (chapter 16)
         self.tp_cpu_group = init_distributed(
@@ -68,28 +98,31 @@ class Engine:
         self.dtype = config.dtype
         self.ctx = Context(config.page_size)
         set_global_ctx(self.ctx)
-        model_config = config.model_config
-        free_before = get_free_memory(self.device) if is_cuda(self.device) else 0
 
-        # weights: build on the meta device (no memory), then swap in the loaded tensors
-        with torch.device("meta"), torch_dtype(config.dtype):
-            self.model = create_model(model_config)
-        weights = load_weight(config.model_path, self.device, self.dtype, model_config.num_kv_heads)
-        if model_config.is_moe:  # chapter 20: stacked experts, and the backend that runs them
+    def _load_model(self) -> BaseLLMModel:
+        """Build the model on the meta device (no memory), then swap in the loaded weights."""
+        mc = self.config.model_config
+        with torch.device("meta"), torch_dtype(self.dtype):
+            model = create_model(mc)
+        weights = load_weight(self.config.model_path, self.device, self.dtype, mc.num_kv_heads)
+        if mc.is_moe:  # chapter 20: stacked experts, and the backend that runs them
             from minisgl.models.moe_weight import stack_experts
             from minisgl.moe import create_moe_backend
 
-            weights = stack_experts(weights, model_config.num_experts)
-            self.ctx.moe_backend = create_moe_backend(config.moe_backend, self.device)
-        self.model.load_state_dict(dict(weights))
+            weights = stack_experts(weights, mc.num_experts)
+            self.ctx.moe_backend = create_moe_backend(self.config.moe_backend, self.device)
+        model.load_state_dict(dict(weights))
         synchronize(self.device)
-        t_load = time.perf_counter()
+        return model
 
-        # KV pool: one extra page at the end belongs to the dummy request (CUDA graphs)
-        self.num_pages = self._determine_num_pages(free_before)
-        num_tokens = self.num_pages * config.page_size
+    def _init_kv_cache(self, num_pages: int) -> None:
+        """The KV pool, the page table and the dummy request that pads CUDA-graph batches."""
+        config = self.config
+        self.num_pages = num_pages
+        num_tokens = num_pages * config.page_size
+        # one extra page at the end belongs to the dummy request (CUDA graphs)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
-            model_config, self.num_pages + 1, config.page_size, self.device, self.dtype
+            config.model_config, num_pages + 1, config.page_size, self.device, self.dtype
         )
         self.max_seq_len = min(config.max_seq_len, num_tokens)
         # +1 row for the dummy request; columns rounded to 32 so rows stay 128-byte aligned
@@ -109,54 +142,59 @@ class Engine:
         )
         self.page_table[self.dummy_req.table_idx].fill_(num_tokens)  # the dummy page
 
-        self.ctx.attn_backend = self.attn_backend = create_attention_backend(
-            self._pick_attention_backend(), model_config
-        )
-        self.sampler = Sampler(self.device, model_config.vocab_size, config.seed)
-
-        # CUDA graphs need CUDA and a backend that can be replayed (not the torch one)
-        graph_bs: list[int] = []
-        moe_ok = not model_config.is_moe or self.ctx.moe_backend.supports_cuda_graph
-        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph and moe_ok:
-            graph_bs = determine_graph_bs(
-                config.cuda_graph_bs, config.cuda_graph_max_bs, config.max_running_req
-            )
-        self.graph_runner = GraphRunner(
-            self.model,
-            self.attn_backend,
-            self.stream if is_cuda(self.device) else None,  # type: ignore[arg-type]
-            self.device,
-            self.dummy_req,
-            graph_bs,
-            self.page_table.shape[1],
-        )
-        t_end = time.perf_counter()
-        self.startup_seconds = {
-            "load": t_load - t0,
-            "kv_cache": t_end - t_load - self.graph_runner.capture_seconds,
-            "jit_warmup": self.graph_runner.warmup_seconds,
-            "graph_capture": self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds,
-            "total": t_end - t0,
-        }
-        logger.info_rank0(f"engine ready on {self.device} in {t_end - t0:.1f} s")
-
     def _pick_attention_backend(self) -> str:
         name = self.config.attention_backend
         if name != "auto":
             return name
         # FlashInfer's kernels exist for fp16/bf16 only: float32 runs use the torch backend
-        if (
-            is_cuda(self.device)
-            and "fi" in ATTENTION_BACKENDS
-            and self.dtype in (torch.float16, torch.bfloat16)
-        ):
-            try:
-                import flashinfer  # noqa: F401
+        if not (is_cuda(self.device) and self.dtype in (torch.float16, torch.bfloat16)):
+            return "torch"
+        try:
+            import flashinfer  # noqa: F401
+        except ImportError:
+            logger.warning("flashinfer is not installed: using the torch attention backend")
+            return "torch"
+        # chapter 19: one or two decode requests on the split-KV kernel, where it runs
+        if has_kernel("decode_attention", "triton", self.device) and not self._env_off("SPLIT_KV"):
+            return "split_kv"
+        return "fi"
 
-                return "fi"
-            except ImportError:
-                logger.warning("flashinfer is not installed: using the torch attention backend")
-        return "torch"
+    def _fuse_decode(self, model: BaseLLMModel) -> BaseLLMModel:
+        """Chapter 19: decode steps of one or two requests on the fused path, where its
+        Triton kernels run (``models/fused_decode.py``); any other model is returned as is."""
+        if not has_kernel("norm_linear", "triton", self.device):
+            return model
+        from minisgl.models.fused_decode import FusedDecodeLM, fusable
+
+        return FusedDecodeLM(model) if fusable(model) else model
+
+    def _capture_graphs(self) -> GraphRunner:
+        """The decode CUDA graphs (chapter 18): CUDA, and a backend that can be replayed."""
+        mc = self.config.model_config
+        graph_bs: list[int] = []
+        moe_ok = not mc.is_moe or self.ctx.moe_backend.supports_cuda_graph
+        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph and moe_ok:
+            graph_bs = determine_graph_bs(
+                self.config.cuda_graph_bs,
+                self.config.cuda_graph_max_bs,
+                self.config.max_running_req,
+            )
+        stream = self.stream if is_cuda(self.device) else None
+        return GraphRunner(
+            self.model,
+            self.attn_backend,
+            stream,  # type: ignore[arg-type]
+            self.device,
+            self.dummy_req,
+            graph_bs,
+            self.page_table.shape[1],
+        )
+
+    @staticmethod
+    def _env_off(what: str) -> bool:
+        from minisgl.env import ENV  # chapter 7's; read only on CUDA
+
+        return bool(getattr(ENV, f"DISABLE_{what}"))
 
     def _determine_num_pages(self, free_before: int) -> int:
         """Pages of KV the pool gets, printed with the memory they take.

@@ -2,10 +2,11 @@
 
 ``prepare`` builds the per-request parameter tensors while the batch is being assembled
 (so the copies to the device overlap other work); ``sample`` runs after the forward pass.
-A greedy-only batch skips everything but ``argmax``. On CUDA (with ``flashinfer``
-installed) the random draw uses FlashInfer's sampling kernels, which filter top-k/top-p
-by rejection sampling instead of sorting the vocabulary (chapter 17); the torch version
-here runs everywhere and is the reference. Mirrors upstream ``minisgl.engine.sample``.
+A greedy-only batch skips everything but ``argmax``; otherwise the random draw is the
+kernel op ``sample``: the torch reference (``kernel/torch_sampling.py``) everywhere, and on
+CUDA with ``flashinfer`` installed FlashInfer's sampling kernels, which filter top-k/top-p
+by rejection sampling instead of sorting the vocabulary (chapter 17). Mirrors upstream
+``minisgl.engine.sample``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.kernel import fi_ops, use_flashinfer
+from minisgl.kernel import sample as sample_tokens
 from minisgl.utils.device import pin
 
 if TYPE_CHECKING:
@@ -35,31 +36,6 @@ class BatchSamplingArgs:
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype, pin_memory=pin(device)).to(device, non_blocking=True)
-
-
-def top_k_top_p_filter(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
-) -> torch.Tensor:
-    """Set to ``-inf`` the logits outside each row's top-k and outside its top-p nucleus.
-
-    ``logits: [B, V]`` float32; ``top_k: [B]`` int (V means off); ``top_p: [B]`` float in
-    (0, 1]. The nucleus is the smallest set of most likely tokens whose probability
-    reaches ``top_p``; the most likely token is always kept.
-    """
-    if top_k is None and top_p is None:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    if top_k is not None:
-        drop |= ranks >= top_k.unsqueeze(1)
-    if top_p is not None:
-        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above
-        drop |= mass_before >= top_p.unsqueeze(1)
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
 class Sampler:
@@ -90,12 +66,5 @@ class Sampler:
         greedy_tokens = logits.argmax(dim=-1)
         if args.temperatures is None:
             return greedy_tokens
-        if use_flashinfer(logits):  # CUDA, an fp16/bf16 model, flashinfer installed
-            sampled = fi_ops.sample(
-                logits.float(), args.temperatures, args.top_k, args.top_p, self.generator
-            )
-        else:
-            scaled = logits.float() / args.temperatures.unsqueeze(1)
-            probs = top_k_top_p_filter(scaled, args.top_k, args.top_p).softmax(dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        sampled = sample_tokens(logits, args.temperatures, args.top_k, args.top_p, self.generator)
         return torch.where(args.greedy, greedy_tokens, sampled)

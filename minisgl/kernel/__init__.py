@@ -1,101 +1,266 @@
-"""Kernels, chosen per call: fast ones on CUDA, the torch references everywhere else.
+"""Kernels, chosen per call: one table of ops, one rule.
 
-Every layer calls the names below and never a library directly. Each call looks at its
-input and picks:
+Every layer, attention backend, MoE backend and the sampler call the ops below, never a
+kernel library directly. ``OPS`` lists each op's implementations, fastest first, and a call
+runs the first one that
 
-* FlashInfer (``fi_ops``, chapter 17) for the norms, the SwiGLU gate and RoPE, when the
-  tensor is on CUDA, in ``float16``/``bfloat16`` (all FlashInfer supports), and
-  ``flashinfer`` imports;
-* Triton (``triton_store``, chapter 19) for the KV store and the embedding gather, when
-  the tensor is on CUDA and ``triton`` imports;
-* Triton (``triton_gemv``, chapter 19) for linear layers of at most ``GEMV_MAX_M`` rows
-  whose weight has at least as many inputs as outputs (``K >= N``), in ``float16``/``bfloat16``
-  on CUDA, unless ``MINISGL_DISABLE_GEMV=1``; ``F.linear`` (cuBLAS on CUDA) for every other
-  linear layer;
-* Triton (``triton_fused``, chapter 19) for the fused decode path of a decoder layer
-  (``norm_linear``, ``linear_add_residual_``, ``qk_norm_rope_store``) and of the final
-  norm with the LM head (``norm_lm_head``, ``triton_lm_head``), which the model
-  takes when ``use_fused_decode`` says so: the GEMV's conditions, unless
-  ``MINISGL_DISABLE_FUSED_DECODE=1``; the same switch governs the split-KV decode
-  attention (``triton_decode``) the FlashInfer backend uses for one or two requests
-  (``use_small_decode_attention``);
-* the torch reference (``torch_ops``) otherwise: on the CPU, in float32, or when
-  ``MINISGL_TORCH_KERNELS=1`` asks for it.
+1. is in this tree: a chapter's step tree (``tools/steps.py``) lacks the modules that later
+   chapters add, and their ops then keep an earlier implementation;
+2. runs where the call's *main input* lives (its first floating-point tensor): torch
+   everywhere; FlashInfer (``fi_ops``, chapter 17) and Triton (``triton/``, chapters 19 and
+   20) on CUDA, when they import and ``MINISGL_TORCH_KERNELS`` is not set; Triton also on the
+   CPU under ``TRITON_INTERPRET=1``, which is how the CPU tests run its kernels;
+3. is not switched off by its ``ENV`` switch (``MINISGL_DISABLE_GEMV``,
+   ``MINISGL_DISABLE_LM_HEAD_KERNEL``: for measuring what a kernel saves); and
+4. takes the call's arguments (its ``accepts`` check on dtypes, shapes and strides).
 
-A Triton module may be absent from an earlier chapter's step tree (``introduced``); its
-op then keeps the fallback. The choice costs a few attribute reads per call; inside a CUDA
-graph it is made once, at capture. The switches live in ``minisgl.env`` (chapter 7) and are
-imported only on the CUDA path, so the CPU-only chapters before it need no ``env.py``. Mirrors upstream
-``minisgl.kernel`` (which has no fallback: upstream is CUDA only, and has no GEMV kernel:
-its linear layers call ``F.linear``).
+The torch references come last and take every call: ``torch_ops`` for the model's ops
+(chapter 2), ``torch_sampling`` (chapter 6), ``torch_fused`` for the fused decode path's ops
+(chapter 19). Two ops have no reference at this level (the split-KV decode attention and the
+MoE grouped GEMM: their backends are chosen only where Triton runs, and the torch attention
+and MoE backends are their references), and raise ``RuntimeError`` where no kernel takes a
+call. The choice costs a few attribute reads per call; inside a CUDA graph it is made once,
+at capture. ``library_for(op, ...)`` says which library a call would use.
+
+Mirrors upstream ``minisgl.kernel`` (which has no choice to make: upstream is CUDA only,
+calls FlashInfer from its layers, and has neither a GEMV nor fused decode kernels).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-from typing import Optional, Tuple
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from . import fi_ops, torch_ops
-
-_FI_DTYPES = (torch.float16, torch.bfloat16)
-# Where the Triton GEMV beats cuBLAS, measured on an H200 (benchmarks/gemv.py, chapter 19):
-# at 1 or 2 rows, on weights with K >= N (o_proj, down_proj), which cuBLAS's one-row kernels
-# read at 330-950 GB/s against the GEMV's 700-1,070. Where N > K (qkv, gate_up, the LM head)
-# cuBLAS already streams at 1.6-4 TB/s; at 4 rows the GEMV's lead is small or gone, and at 8
-# rows cuBLAS wins on every shape.
+HALF = (torch.float16, torch.bfloat16)  # what FlashInfer's kernels and the GEMV take
+# The Triton GEMV serves at most this many rows, and only weights with K >= N (o_proj,
+# down_proj): where N > K, and from a few rows on, cuBLAS streams the weight as fast
+# (chapter 19 measures it).
 GEMV_MAX_M = 2
 
 
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    """Whether ``import triton`` works (checked once)."""
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of an op: ``function`` in ``minisgl.kernel.<module>``, run by
+    ``library`` ("triton", "flashinfer" or "torch") when ``accepts(*args, **kwargs)`` (None:
+    every call) and the ``ENV`` attribute named by ``switch`` (if any) is not set."""
+
+    library: str
+    module: str
+    function: str
+    accepts: Optional[Callable[..., bool]] = None
+    switch: Optional[str] = None
+
+
+def _fi_rms_norm(x: torch.Tensor, *_: Any) -> bool:
+    return x.dtype in HALF and x.dim() in (2, 3) and x.stride(-1) == 1
+
+
+def _fi_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, *_: Any) -> bool:
+    return x.dtype in HALF and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous()
+
+
+def _fi_silu_and_mul(x: torch.Tensor) -> bool:
+    return x.dtype in HALF and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0
+
+
+def _fi_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor):
+    return (
+        q.dtype in HALF
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and table.dtype == torch.float32
+        and table.shape[-1] == q.shape[-1]
+    )
+
+
+def _fi_sample(logits: torch.Tensor, *_: Any) -> bool:
+    return logits.dtype in HALF  # a float32 model keeps the torch sampler, run for run
+
+
+def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    return (
+        x.dim() == 2
+        and weight.dim() == 2
+        and 0 < x.shape[0] <= GEMV_MAX_M
+        and weight.shape[1] >= weight.shape[0]
+        and x.dtype in HALF
+        and weight.dtype == x.dtype
+        and x.is_contiguous()
+        and weight.stride(-1) == 1
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+    )
+
+
+def _lm_head_fits(x: torch.Tensor, *_: Any) -> bool:
+    return x.shape[1] <= _module("triton.lm_head").MAX_K  # a row of K in one tile
+
+
+def _torch(op: str, module: str = "torch_ops") -> Impl:
+    return Impl("torch", module, op)
+
+
+#  op: its implementations, tried in this order
+OPS: Dict[str, Tuple[Impl, ...]] = {
+    # the model (chapters 2, 4, 17, 19)
+    "rms_norm": (Impl("flashinfer", "fi_ops", "rms_norm", _fi_rms_norm), _torch("rms_norm")),
+    "fused_add_rms_norm": (
+        Impl("flashinfer", "fi_ops", "fused_add_rms_norm", _fi_add_rms_norm),
+        _torch("fused_add_rms_norm"),
+    ),
+    "silu_and_mul": (
+        Impl("flashinfer", "fi_ops", "silu_and_mul", _fi_silu_and_mul),
+        _torch("silu_and_mul"),
+    ),
+    "apply_rotary": (
+        Impl("flashinfer", "fi_ops", "apply_rotary", _fi_rotary),
+        _torch("apply_rotary"),
+    ),
+    "linear": (
+        Impl("triton", "triton.gemv", "gemv", _gemv_fits, switch="DISABLE_GEMV"),
+        _torch("linear"),
+    ),
+    "embedding_gather": (
+        Impl("triton", "triton.store", "embedding_gather"),
+        _torch("embedding_gather"),
+    ),
+    "store_cache": (Impl("triton", "triton.store", "store_cache"), _torch("store_cache")),
+    # sampling (chapters 6, 17)
+    "sample": (
+        Impl("flashinfer", "fi_ops", "sample", _fi_sample),
+        _torch("sample", "torch_sampling"),
+    ),
+    # the fused decode path (chapter 19)
+    "norm_linear": (
+        Impl("triton", "triton.fused", "norm_gemv"),
+        _torch("norm_linear", "torch_fused"),
+    ),
+    "linear_add_residual_": (
+        Impl("triton", "triton.fused", "gemv_add_residual_"),
+        _torch("linear_add_residual_", "torch_fused"),
+    ),
+    "norm_lm_head": (
+        Impl("triton", "triton.lm_head", "norm_lm_head", _lm_head_fits, "DISABLE_LM_HEAD_KERNEL"),
+        _torch("norm_lm_head", "torch_fused"),
+    ),
+    "decode_attention": (Impl("triton", "triton.decode", "decode_attention"),),
+    "decode_attention_qkv": (Impl("triton", "triton.decode", "decode_attention_qkv"),),
+    # mixture of experts (chapter 20)
+    "moe_grouped_gemm": (Impl("triton", "triton.moe", "fused_moe_kernel_triton"),),
+}
+
+
+# ---- the rule -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _module(name: str) -> Optional[Any]:
+    """``minisgl.kernel.<name>``, or None when this tree does not have it."""
+    full = f"{__name__}.{name}"
     try:
-        import triton  # noqa: F401
+        return importlib.import_module(full)
+    except ModuleNotFoundError as e:
+        if e.name is not None and full.startswith(e.name):  # the module (or its package) is absent
+            return None
+        raise
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(library: str) -> bool:
+    """Whether ``import <library>`` works (checked once per library)."""
+    try:
+        importlib.import_module(library)
     except ImportError:
         return False
     return True
 
 
-@functools.lru_cache(maxsize=None)
-def introduced(module: str) -> bool:
-    """Whether ``minisgl.kernel.<module>`` is in this tree. In the book's step folders
-    (``tools/steps.py``) a later chapter's kernel module is absent; its op then keeps the
-    torch reference instead of failing to import (say, chapter 18 run on a GPU)."""
-    try:
-        return importlib.util.find_spec(f"{__name__}.{module}") is not None
-    except ImportError:
+def _env(switch: str) -> bool:
+    from minisgl.env import ENV  # chapter 7's; read only off the plain CPU path
+
+    return bool(getattr(ENV, switch))
+
+
+Where = Optional[torch.Tensor | torch.device]
+
+
+def _runs_on(library: str, where: Where) -> bool:
+    """Rule 2 without the switch: the main input's device, and the library imports."""
+    if library == "torch":
+        return True
+    if where is None:
         return False
+    is_cuda = where.is_cuda if isinstance(where, torch.Tensor) else where.type == "cuda"
+    if library == "flashinfer":
+        on_device = is_cuda
+    elif library == "triton":
+        on_device = is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    else:
+        raise ValueError(f"unknown kernel library {library!r}")
+    return on_device and _imports(library)
 
 
-def _torch_kernels_forced() -> bool:
-    from minisgl.env import ENV
-
-    return bool(ENV.TORCH_KERNELS)
-
-
-def use_flashinfer(x: torch.Tensor) -> bool:
-    """Whether FlashInfer serves a kernel whose main input is ``x`` (CUDA, fp16/bf16)."""
-    if not x.is_cuda or x.dtype not in _FI_DTYPES:
-        return False
-    return not _torch_kernels_forced() and fi_ops.flashinfer_available()
+def serves(library: str, where: Where) -> bool:
+    """Whether ``library`` may run a kernel whose main input is the tensor ``where`` (or lives
+    on the device ``where``): rule 2 above."""
+    return _runs_on(library, where) and (library == "torch" or not _env("TORCH_KERNELS"))
 
 
-def use_triton(x: torch.Tensor) -> bool:
-    """Whether the Triton kernels serve an op whose main input is ``x`` (CUDA)."""
-    if not x.is_cuda:
-        return False
-    return not _torch_kernels_forced() and triton_available()
+def has_kernel(op: str, library: str, where: Where) -> bool:
+    """Whether this tree has a ``library`` implementation of ``op`` that may run on ``where``
+    (rules 1 and 2): what the engine asks before it chooses one of chapter 19's paths."""
+    present = any(impl.library == library and _module(impl.module) for impl in OPS[op])
+    return present and serves(library, where)
 
 
+def _main_input(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value
+    return None
+
+
+def implementation(op: str, *args: Any, **kwargs: Any) -> Tuple[Impl, Callable[..., Any]]:
+    """The implementation a call of ``op`` with these arguments runs, and its function.
+
+    Raises:
+        KeyError: for an op not in ``OPS``.
+        RuntimeError: when none of the op's implementations takes the call.
+    """
+    x = _main_input(args, kwargs)
+    for impl in OPS[op]:
+        if not _runs_on(impl.library, x):
+            continue
+        module = _module(impl.module)  # before any ENV read: chapters 2-6 have no minisgl.env
+        if module is None:
+            continue
+        if impl.library != "torch" and _env("TORCH_KERNELS"):
+            continue
+        if impl.switch is not None and _env(impl.switch):
+            continue
+        if impl.accepts is not None and not impl.accepts(*args, **kwargs):
+            continue
+        return impl, getattr(module, impl.function)
+    where = "no tensor" if x is None else f"{x.dtype} on {x.device}"
+    libraries = sorted({impl.library for impl in OPS[op]})
+    raise RuntimeError(f"no kernel for {op} takes this call ({where}); it needs {libraries}")
+
+
+def library_for(op: str, *args: Any, **kwargs: Any) -> str:
+    """``"triton"``, ``"flashinfer"`` or ``"torch"``: the library a call of ``op`` would use."""
+    return implementation(op, *args, **kwargs)[0].library
+
+
+def _run(op: str, *args: Any, **kwargs: Any) -> Any:
+    return implementation(op, *args, **kwargs)[1](*args, **kwargs)
+
+
+# ---- the ops: shapes and meaning; each implementation's docstring says the rest -------------
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x: [..., N]`` -> ``x / rms(x) * weight``, same shape (see ``torch_ops.rms_norm``)."""
-    if use_flashinfer(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
-        return fi_ops.rms_norm(x, weight, eps)
-    return torch_ops.rms_norm(x, weight, eps)
+    """``x: [..., N]`` -> ``x / rms(x) * weight``, same shape (``torch_ops.rms_norm``)."""
+    return _run("rms_norm", x, weight, eps)
 
 
 def fused_add_rms_norm(
@@ -103,92 +268,57 @@ def fused_add_rms_norm(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)``; on FlashInfer computed in place in
     ``x`` and ``residual`` (callers use the returned tensors only)."""
-    if use_flashinfer(x) and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
-        return fi_ops.fused_add_rms_norm(x, residual, weight, eps)
-    return torch_ops.fused_add_rms_norm(x, residual, weight, eps)
+    return _run("fused_add_rms_norm", x, residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``[T, 2I]`` holding ``[gate | up]`` -> ``silu(gate) * up``, ``[T, I]``."""
-    if use_flashinfer(x) and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0:
-        return fi_ops.silu_and_mul(x)
-    return torch_ops.silu_and_mul(x)
+    return _run("silu_and_mul", x)
 
 
 def apply_rotary(
     positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """RoPE on ``q: [T, H_q, D]``, ``k: [T, H_kv, D]`` (see ``torch_ops.apply_rotary``);
-    on FlashInfer in place."""
-    if (
-        use_flashinfer(q)
-        and q.stride(-1) == 1
-        and k.stride(-1) == 1
-        and cos_sin_cache.dtype == torch.float32
-        and cos_sin_cache.shape[-1] == q.shape[-1]
-    ):
-        return fi_ops.apply_rotary(positions, q, k, cos_sin_cache)
-    return torch_ops.apply_rotary(positions, q, k, cos_sin_cache)
+    """RoPE on ``q: [T, H_q, D]``, ``k: [T, H_kv, D]`` at ``positions: [T]``
+    (``torch_ops.apply_rotary``); on FlashInfer in place."""
+    return _run("apply_rotary", positions, q, k, cos_sin_cache)
 
 
-def _gemv_disabled() -> bool:
-    from minisgl.env import ENV
-
-    return bool(ENV.DISABLE_GEMV)
-
-
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear(x, weight)`` goes to the Triton GEMV: a contiguous fp16/bf16
-    ``x: [M, K]`` on CUDA with ``M <= GEMV_MAX_M``, a weight ``[N, K]`` of its dtype with
-    contiguous rows and ``K >= N`` (see ``GEMV_MAX_M``), Triton allowed (``use_triton``) and
-    ``MINISGL_DISABLE_GEMV`` unset."""
-    return (
-        x.dim() == 2
-        and weight.dim() == 2
-        and 0 < x.shape[0] <= GEMV_MAX_M
-        and weight.shape[1] >= weight.shape[0]
-        and x.dtype in _FI_DTYPES
-        and weight.dtype == x.dtype
-        and x.is_contiguous()
-        and weight.stride(-1) == 1
-        and use_triton(x)
-        and not _gemv_disabled()
-        and introduced("triton_gemv")
-    )
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """``x @ weight.T + bias``: ``x: [T, K]``, ``weight: [N, K]``, ``bias: [N]`` -> ``[T, N]``,
+    like ``F.linear``; a small decode batch times a weight with ``K >= N`` (``o_proj``,
+    ``down_proj``) on the Triton GEMV (chapter 19)."""
+    return _run("linear", x, weight, bias)
 
 
-def _fused_decode_disabled() -> bool:
-    from minisgl.env import ENV
-
-    return bool(ENV.DISABLE_FUSED_DECODE)
-
-
-def use_fused_decode(x: torch.Tensor) -> bool:
-    """Whether a decoder layer whose hidden states are ``x: [T, hidden]`` takes the fused
-    decode path (chapter 19): ``T <= GEMV_MAX_M`` rows, contiguous fp16/bf16 on CUDA, Triton
-    allowed (``use_triton``) and ``MINISGL_DISABLE_FUSED_DECODE`` unset. The model checks
-    the rest (one rank, dense MLPs)."""
-    return (
-        x.dim() == 2
-        and 0 < x.shape[0] <= GEMV_MAX_M
-        and x.dtype in _FI_DTYPES
-        and x.is_contiguous()
-        and use_triton(x)
-        and not _fused_decode_disabled()
-        and introduced("triton_fused")
-    )
+def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows of ``weight: [V, hidden]`` for ``ids: [T]`` -> ``[T, hidden]``."""
+    return _run("embedding_gather", ids, weight)
 
 
-def use_small_decode_attention(kv: torch.Tensor) -> bool:
-    """Whether a decode batch of one or two requests over the KV pool ``kv`` goes to chapter
-    19's split-KV Triton kernel (``triton_decode``) instead of FlashInfer's: fp16/bf16 on
-    CUDA, Triton allowed, ``MINISGL_DISABLE_FUSED_DECODE`` unset."""
-    return (
-        kv.dtype in _FI_DTYPES
-        and use_triton(kv)
-        and not _fused_decode_disabled()
-        and introduced("triton_decode")
-    )
+def store_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    """``k_cache[indices[i]] = k[i]``, same for v (``torch_ops.store_cache``)."""
+    _run("store_cache", k_cache, v_cache, indices, k, v)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: Optional[torch.Tensor],
+    top_p: Optional[torch.Tensor],
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """One token per row of ``logits: [B, V]`` from ``softmax(logits / temperatures)`` cut
+    to each row's top-k and top-p -> ``[B]`` int64 (``torch_sampling.sample``)."""
+    return _run("sample", logits, temperatures, top_k, top_p, generator)
 
 
 def norm_linear(
@@ -199,29 +329,9 @@ def norm_linear(
     bias: Optional[torch.Tensor] = None,
     swiglu: bool = False,
 ) -> torch.Tensor:
-    """``linear(rms_norm(x), weight, bias)`` (then ``silu_and_mul`` when ``swiglu``):
-    ``x: [M, K]`` -> ``[M, N]`` (``[M, N/2]``); one Triton kernel on CUDA
-    (``triton_fused.norm_gemv``), else ``torch_ops.norm_linear``."""
-    if use_triton(x):
-        from . import triton_fused
-
-        return triton_fused.norm_gemv(x, norm_weight, eps, weight, bias, swiglu)
-    return torch_ops.norm_linear(x, norm_weight, eps, weight, bias, swiglu)
-
-
-def norm_lm_head(
-    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> torch.Tensor:
-    """Logits ``linear(rms_norm(x, norm_weight, eps), weight)``: ``x: [M, K]`` (the residual
-    stream of a fused decode batch, before the final norm), ``weight: [V, K]`` -> ``[M, V]``.
-    One persistent Triton kernel on CUDA (``triton_lm_head.norm_lm_head``) for a hidden size
-    up to its ``MAX_K``, else ``torch_ops.norm_linear``."""
-    if use_triton(x) and introduced("triton_lm_head"):
-        from . import triton_lm_head
-
-        if x.shape[1] <= triton_lm_head.MAX_K:
-            return triton_lm_head.norm_lm_head(x, norm_weight, eps, weight)
-    return torch_ops.norm_linear(x, norm_weight, eps, weight)
+    """``linear(rms_norm(x), weight, bias)``, then ``silu_and_mul`` when ``swiglu``:
+    ``x: [M, K]`` -> ``[M, N]`` (``[M, N/2]``) (``torch_fused.norm_linear``)."""
+    return _run("norm_linear", x, norm_weight, eps, weight, bias, swiglu)
 
 
 def linear_add_residual_(
@@ -230,108 +340,58 @@ def linear_add_residual_(
     residual: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``residual += linear(x, weight, bias)`` in place, ``[M, N]``; returns ``residual``.
-    One Triton kernel on CUDA (``triton_fused.gemv_add_residual_``)."""
-    if use_triton(x):
-        from . import triton_fused
-
-        return triton_fused.gemv_add_residual_(x, weight, residual, bias)
-    return torch_ops.linear_add_residual_(x, weight, residual, bias)
+    """``residual += linear(x, weight, bias)`` in place, ``[M, N]``; returns ``residual``."""
+    return _run("linear_add_residual_", x, weight, residual, bias)
 
 
-def qk_norm_rope_store(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_norm: Optional[torch.Tensor],
-    k_norm: Optional[torch.Tensor],
-    eps: float,
-    k_slots: torch.Tensor,
-    v_slots: torch.Tensor,
-    out_loc: torch.Tensor,
-    num_qo_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
+def norm_lm_head(
+    x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> torch.Tensor:
-    """Queries ``[T, H_q, D]`` from ``qkv: [T, (H_q + 2 H_kv) D]`` after the per-head norms
-    and RoPE, with k and v stored at ``out_loc`` (see ``torch_ops.qk_norm_rope_store``);
-    one Triton kernel on CUDA (``triton_fused.qk_norm_rope_store``)."""
-    args = (
-        qkv,
-        positions,
-        cos_sin_cache,
-        q_norm,
-        k_norm,
-        eps,
-        k_slots,
-        v_slots,
-        out_loc,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-    )
-    if use_triton(qkv):
-        from . import triton_fused
-
-        return triton_fused.qk_norm_rope_store(*args)
-    return torch_ops.qk_norm_rope_store(*args)
+    """Logits ``linear(rms_norm(x, norm_weight, eps), weight)``: ``x: [M, K]`` (the residual
+    stream before the final norm), ``weight: [V, K]`` -> ``[M, V]``."""
+    return _run("norm_lm_head", x, norm_weight, eps, weight)
 
 
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """``x @ weight.T + bias``: ``x: [T, K]``, ``weight: [N, K]``, ``bias: [N]`` -> ``[T, N]``,
-    like ``F.linear``. At most ``GEMV_MAX_M`` rows on CUDA times a weight with ``K >= N`` (a
-    small decode batch in ``o_proj`` or ``down_proj``) use the Triton GEMV
-    (``triton_gemv.gemv``); everything else, the CPU included, is ``F.linear`` itself."""
-    if use_gemv(x, weight) and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous())):
-        from . import triton_gemv
-
-        return triton_gemv.gemv(x, weight, bias)
-    return F.linear(x, weight, bias)
+def decode_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Split-KV attention of one query per request, ``q: [B, H_q, D]`` -> ``[B, H_q, D]``
+    (``triton.decode.decode_attention`` gives the arguments)."""
+    return _run("decode_attention", q, *args, **kwargs)
 
 
-def store_cache(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    indices: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-) -> None:
-    """``k_cache[indices[i]] = k[i]``, same for v (see ``torch_ops.store_cache``)."""
-    if use_triton(k) and introduced("triton_store"):
-        from . import triton_store
-
-        triton_store.store_cache(k_cache, v_cache, indices, k, v)
-    else:
-        torch_ops.store_cache(k_cache, v_cache, indices, k, v)
+def decode_attention_qkv(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The same from the qkv GEMV's output, with the q/k norms, RoPE and the KV store
+    inside: ``qkv: [B, (H_q + 2 H_kv) D]`` -> ``[B, H_q, D]``
+    (``triton.decode.decode_attention_qkv``)."""
+    return _run("decode_attention_qkv", qkv, *args, **kwargs)
 
 
-def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Rows of ``weight: [V, hidden]`` for ``ids: [T]`` -> ``[T, hidden]``."""
-    if use_triton(weight) and introduced("triton_store"):
-        from . import triton_store
-
-        return triton_store.embedding_gather(ids, weight)
-    return torch_ops.embedding_gather(ids, weight)
+def moe_grouped_gemm(a: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """``C[s] = A[s // top_k] @ B[expert(s)].T`` for every routing slot ``s``, in place in
+    ``C`` (``triton.moe.fused_moe_kernel_triton`` gives the arguments)."""
+    _run("moe_grouped_gemm", a, *args, **kwargs)
 
 
 __all__ = [
+    "GEMV_MAX_M",
+    "HALF",
+    "OPS",
+    "Impl",
     "apply_rotary",
+    "decode_attention",
+    "decode_attention_qkv",
     "embedding_gather",
     "fused_add_rms_norm",
-    "introduced",
+    "has_kernel",
+    "implementation",
+    "library_for",
     "linear",
     "linear_add_residual_",
+    "moe_grouped_gemm",
     "norm_linear",
-    "qk_norm_rope_store",
+    "norm_lm_head",
     "rms_norm",
+    "sample",
+    "serves",
     "silu_and_mul",
     "store_cache",
-    "triton_available",
-    "use_flashinfer",
-    "use_fused_decode",
-    "use_gemv",
-    "use_small_decode_attention",
-    "use_triton",
 ]

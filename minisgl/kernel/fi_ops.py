@@ -92,16 +92,16 @@ def sample(
     top_p: torch.Tensor | None,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """Sample one token per row: ``logits: [B, V]`` float32, ``temperatures: [B]`` > 0,
+    """Sample one token per row: ``logits: [B, V]`` (any float dtype), ``temperatures: [B]`` > 0,
     ``top_k: [B]`` int (V = off) or None, ``top_p: [B]`` in (0, 1] or None -> ``[B]`` int64.
 
     Softmax with temperature, then FlashInfer's rejection sampler, which filters top-k
-    first and then top-p, as ``engine.sample.top_k_top_p_filter`` does, without sorting
+    first and then top-p, as ``torch_sampling.top_k_top_p_filter`` does, without sorting
     the vocabulary. ``generator`` (a CUDA generator) makes runs reproducible.
     """
     import flashinfer.sampling as fs
 
-    probs = fs.softmax(logits, temperatures)
+    probs = fs.softmax(logits.float(), temperatures)
     if top_k is None and top_p is None:
         tokens = fs.sampling_from_probs(probs, generator=generator)
     elif top_p is None:

@@ -67,23 +67,3 @@ class AttentionLayer(StateLessOP):
         q, k = self.rotary.forward(ctx.batch.positions, q, k)
         o = ctx.attn_backend.forward(q, k, v, self.layer_id, ctx.batch)
         return o.reshape(-1, self.num_qo_heads * self.head_dim)
-
-    def forward_fused(self, qkv: torch.Tensor) -> torch.Tensor:
-        """``forward`` on chapter 19's fused decode path: the backend gets the raw ``qkv``
-        and what remains to do to q and k (``QKNormRope``), and does the q/k norms, RoPE,
-        the KV store and the attention in one or two kernels (``forward_qkv``)."""
-        from minisgl.attention.base import QKNormRope  # chapter 5's package, after this one's
-
-        ctx = get_global_ctx()
-        has_norm = self._q_norm is not None and self._k_norm is not None
-        qk = QKNormRope(
-            self.rotary.cos_sin_cache(qkv.device),
-            self._q_norm.weight if has_norm else None,
-            self._k_norm.weight if has_norm else None,
-            self._q_norm.eps if has_norm else 0.0,
-            self.num_qo_heads,
-            self.num_kv_heads,
-            self.head_dim,
-        )
-        o = ctx.attn_backend.forward_qkv(qkv, qk, self.layer_id, ctx.batch)
-        return o.reshape(-1, self.num_qo_heads * self.head_dim)

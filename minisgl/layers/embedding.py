@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import embedding_gather, linear, norm_lm_head
+from minisgl.kernel import embedding_gather, linear
 
 from .base import BaseOP
 from .shard import vocab_range
@@ -22,8 +22,7 @@ class VocabParallelEmbedding(BaseOP):
     A rank looks up the ids that fall in its slice, writes zeros for the others, and an
     all-reduce adds the slices up: exactly one rank contributes each row. When ``tp`` does
     not divide ``V`` the last rank's block ends in zero rows that no id reaches (upstream
-    pads the same way). On one rank the lookup is ``kernel.embedding_gather`` (a Triton
-    kernel on CUDA, chapter 19).
+    pads the same way). On one rank the lookup is the kernel op ``embedding_gather``.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
@@ -58,7 +57,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._rows_to_project(x)
+        batch = get_global_ctx().batch
+        if batch.is_prefill:
+            x = x[batch.attn_metadata.get_last_indices(batch.padded_size)]
         logits = linear(x, self.weight)  # [B, ceil(V / tp)]: equal on every rank
         if self._tp_size > 1:
             # gather along dim 0 (the collective's), then cut the padding rows' logits off;
@@ -69,18 +70,3 @@ class ParallelLMHead(VocabParallelEmbedding):
                 .contiguous()
             )
         return logits
-
-    def forward_with_norm(
-        self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float
-    ) -> torch.Tensor:
-        """``forward(rms_norm(x, norm_weight, eps))`` on one rank, with the norm inside the
-        LM head's kernel (``kernel.norm_lm_head``): the fused decode path of chapter 19,
-        whose ``x`` is the residual stream before the model's final norm."""
-        if self._tp_size > 1:
-            raise ValueError("the LM head takes the norm in only on one rank")
-        return norm_lm_head(self._rows_to_project(x), norm_weight, eps, self.weight)
-
-    def _rows_to_project(self, x: torch.Tensor) -> torch.Tensor:
-        """The rows whose logits are kept: every row in decode, each request's last in prefill."""
-        batch = get_global_ctx().batch
-        return x[batch.attn_metadata.get_last_indices(batch.padded_size)] if batch.is_prefill else x

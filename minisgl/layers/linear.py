@@ -6,8 +6,8 @@ three (or two) and launches one kernel. The loader (``models/weight.py``) stacks
 checkpoint's separate weights in that order. Under tensor parallelism (chapter 16) each
 rank owns a slice: column-parallel layers split the output dim, row-parallel ones the
 input dim and sum the partial results with an all-reduce. The product itself is
-``kernel.linear``: ``F.linear``, or on CUDA for one- and two-row products the Triton GEMV of
-chapter 19.
+the kernel op ``linear``: ``F.linear``, unless the table in ``minisgl.kernel`` has a faster
+kernel for the call.
 
 Mirrors upstream ``minisgl.layers.linear``.
 """

@@ -1,7 +1,7 @@
 """MoE backends chosen by name: ``torch`` (the reference loop) everywhere, ``fused`` (Triton).
 
-``"auto"`` picks ``fused`` on CUDA when ``triton`` imports and ``MINISGL_TORCH_KERNELS`` is
-not set, ``torch`` otherwise. Like the attention backends, each backend module is imported
+``"auto"`` picks ``fused`` where the kernel table runs Triton (CUDA, with ``triton``
+importable and ``MINISGL_TORCH_KERNELS`` not set), ``torch`` otherwise. Like the attention backends, each backend module is imported
 only when its name is asked for. Mirrors upstream ``minisgl.moe`` (whose only backend is
 ``fused``).
 """
@@ -37,12 +37,9 @@ def resolve_moe_backend(name: str, device: torch.device) -> str:
     """``name``, or for ``"auto"`` the backend this device should use."""
     if name != "auto":
         return name
-    from minisgl.env import ENV
-    from minisgl.kernel import triton_available
+    from minisgl.kernel import serves
 
-    if device.type == "cuda" and triton_available() and not ENV.TORCH_KERNELS:
-        return "fused"
-    return "torch"
+    return "fused" if device.type == "cuda" and serves("triton", device) else "torch"
 
 
 def create_moe_backend(name: str, device: torch.device) -> BaseMoeBackend:

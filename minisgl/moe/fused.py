@@ -5,7 +5,7 @@ fused path makes it two kernel launches whatever ``E`` is:
 
 1. ``fused_topk`` picks ``[T, k]`` experts and weights; ``moe_align_block_size`` lists the
    ``T*k`` slots grouped by expert, each group padded to ``BLOCK_SIZE_M`` rows;
-2. ``fused_moe_kernel_triton`` with ``w1``: each program takes ``BLOCK_SIZE_M`` sorted slots
+2. the grouped GEMM (``kernel.moe_grouped_gemm``) with ``w1``: each program takes ``BLOCK_SIZE_M`` sorted slots
    (one expert, by construction), gathers their tokens' rows of ``x`` and multiplies by that
    expert's ``gate_up_proj``: ``[T*k, 2I]``;
 3. SwiGLU: ``[T*k, I]``;
@@ -25,7 +25,7 @@ from typing import Dict
 
 import torch
 
-from minisgl.kernel import silu_and_mul
+from minisgl.kernel import moe_grouped_gemm, silu_and_mul
 
 from .base import BaseMoeBackend
 from .routing import moe_align_block_size
@@ -56,9 +56,6 @@ def fused_experts(
     Raises:
         ValueError: on mismatched shapes or non-contiguous inputs.
     """
-    # imported here, not at the top: get_default_config and the docs need no triton
-    from minisgl.kernel.triton_moe import fused_moe_kernel_triton
-
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w1.shape
     if w1.shape[2] != hidden or w2.shape != (num_experts, hidden, two_i // 2):
@@ -82,7 +79,7 @@ def fused_experts(
     dtype, device = hidden_states.dtype, hidden_states.device
 
     gate_up = torch.empty(num_tokens * top_k, two_i, dtype=dtype, device=device)
-    fused_moe_kernel_triton(
+    moe_grouped_gemm(
         hidden_states,
         w1,
         gate_up,
@@ -96,7 +93,7 @@ def fused_experts(
     )
     act = silu_and_mul(gate_up)  # [T*k, I]
     down = torch.empty(num_tokens * top_k, hidden, dtype=dtype, device=device)
-    fused_moe_kernel_triton(
+    moe_grouped_gemm(
         act,
         w2,
         down,

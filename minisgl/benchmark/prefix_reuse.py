@@ -1,7 +1,7 @@
 """Prefix reuse: 64 requests that share a long system prompt, with the naive cache and the
 radix cache. How many prompt tokens does prefill actually compute?
 
-    python benchmarks/prefix_reuse.py [--model PATH] [--requests 64] [--system-tokens 256]
+    python -m minisgl.benchmark.prefix_reuse [--model PATH] [--requests 64] [--system-tokens 256]
         [--max-extend-tokens 512] [--max-tokens 4] [--page-size 1] [--device cpu|cuda]
 
 Every request is the same system prompt followed by its own short question. The count is
@@ -26,23 +26,8 @@ from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/tiny-qwen3"))
-parser.add_argument("--requests", type=int, default=64)
-parser.add_argument(
-    "--system-tokens", type=int, default=256, help="length of the shared system prompt"
-)
-parser.add_argument(
-    "--max-extend-tokens", type=int, default=512, help="prefill token budget of a step"
-)
-parser.add_argument("--max-tokens", type=int, default=4, help="output tokens per request")
-parser.add_argument("--page-size", type=int, default=1)
-parser.add_argument("--device", default="cpu")
-args = parser.parse_args()
-ENV.DISABLE_OVERLAP_SCHEDULING.value = True
 
-
-def make_prompts(vocab_text: str, tokenizer) -> List[List[int]]:
+def make_prompts(args: argparse.Namespace, vocab_text: str, tokenizer) -> List[List[int]]:
     words = vocab_text.split()
     system: List[int] = []
     while len(system) < args.system_tokens:  # repeat the text until the prompt is long enough
@@ -60,7 +45,7 @@ SYSTEM_TEXT = (
 )
 
 
-def run(cache_type: str, prompts: List[List[int]]) -> Dict[str, object]:
+def run(args: argparse.Namespace, cache_type: str, prompts: List[List[int]]) -> Dict[str, object]:
     llm = LLM(
         args.model,
         dtype=torch.float32,
@@ -96,26 +81,45 @@ def run(cache_type: str, prompts: List[List[int]]) -> Dict[str, object]:
     return stats
 
 
-from transformers import AutoTokenizer  # noqa: E402
+def main(argv: List[str] | None = None) -> None:
+    from transformers import AutoTokenizer
 
-prompts = make_prompts(SYSTEM_TEXT, AutoTokenizer.from_pretrained(args.model))
-prompt_tokens = sum(len(p) for p in prompts)
-print(
-    f"{args.requests} requests: a {args.system_tokens}-token system prompt + a question each; "
-    f"{prompt_tokens} prompt tokens in all; max_extend_tokens={args.max_extend_tokens}, "
-    f"page size {args.page_size}, {os.path.basename(args.model.rstrip('/'))} on {args.device}"
-)
-results = {cache: run(cache, prompts) for cache in ["naive", "radix"]}
-for cache, r in results.items():
-    print(
-        f"  {cache:<5}: prefill computed {r['prefill_tokens']:>6} tokens in {r['prefill_steps']:>2} prefill steps "
-        f"({r['hits']:>2} requests started from the cached system prompt), {r['seconds']:.2f} s"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/tiny-qwen3"))
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument(
+        "--system-tokens", type=int, default=256, help="length of the shared system prompt"
     )
-naive, radix = results["naive"]["prefill_tokens"], results["radix"]["prefill_tokens"]
-print(
-    f"  saving: {naive - radix} of {naive} prefill tokens not computed ({100 * (naive - radix) / naive:.1f}%), "
-    f"{naive / radix:.1f}x fewer"
-)
-print(
-    f"  same outputs with both caches: {results['naive']['outputs'] == results['radix']['outputs']}"
-)
+    parser.add_argument(
+        "--max-extend-tokens", type=int, default=512, help="prefill token budget of a step"
+    )
+    parser.add_argument("--max-tokens", type=int, default=4, help="output tokens per request")
+    parser.add_argument("--page-size", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    prompts = make_prompts(args, SYSTEM_TEXT, AutoTokenizer.from_pretrained(args.model))
+    prompt_tokens = sum(len(p) for p in prompts)
+    print(
+        f"{args.requests} requests: a {args.system_tokens}-token system prompt + a question each; "
+        f"{prompt_tokens} prompt tokens in all; max_extend_tokens={args.max_extend_tokens}, "
+        f"page size {args.page_size}, {os.path.basename(args.model.rstrip('/'))} on {args.device}"
+    )
+    results = {cache: run(args, cache, prompts) for cache in ["naive", "radix"]}
+    for cache, r in results.items():
+        print(
+            f"  {cache:<5}: prefill computed {r['prefill_tokens']:>6} tokens in {r['prefill_steps']:>2} prefill steps "
+            f"({r['hits']:>2} requests started from the cached system prompt), {r['seconds']:.2f} s"
+        )
+    naive, radix = results["naive"]["prefill_tokens"], results["radix"]["prefill_tokens"]
+    print(
+        f"  saving: {naive - radix} of {naive} prefill tokens not computed ({100 * (naive - radix) / naive:.1f}%), "
+        f"{naive / radix:.1f}x fewer"
+    )
+    print(
+        f"  same outputs with both caches: {results['naive']['outputs'] == results['radix']['outputs']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

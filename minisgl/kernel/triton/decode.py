@@ -14,8 +14,8 @@ last token after.
 
 ``decode_attention_qkv`` is the fused decode path's version: it starts from the qkv GEMV's
 raw output, and each program also does Qwen3's q/k norms and RoPE for its own heads; the
-one whose chunk holds this step's token stores its K/V and scores it from registers. That
-removes ``qk_norm_rope_store``'s kernel from every layer.
+one whose chunk holds this step's token stores its K/V and scores it from registers. The
+layer's q-norm, k-norm, RoPE and KV-store kernels are then gone.
 
 The KV lives in the paged pool as FlashInfer indexes it (chapter 17): request ``b``'s pages
 are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]``, its last page holds
@@ -24,33 +24,44 @@ are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]``, its last page holds
 replays in a CUDA graph with new lengths. The scores use ``tl.dot`` (tensor cores) with the
 query heads of a group padded to 16 rows.
 
-Reference: ``torch_ops``-style attention in ``attention/torch_backend.py`` (after
-``torch_ops.qk_norm_rope_store`` for the qkv version); the CPU tests
-run this kernel under ``TRITON_INTERPRET=1``. Upstream mini-sglang uses FlashInfer's
-decode kernel at every batch size; this module is the book's own.
+Reference: the torch attention backend (``attention/torch_backend.py``), after the attention
+layer's own norms, RoPE and store for the qkv version; the CPU tests run these kernels under
+``TRITON_INTERPRET=1``. Upstream mini-sglang uses FlashInfer's decode kernel at every batch
+size; this module is the book's own.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
+from . import timeline
 from .pdl import launch_options, use_pdl
-from .triton_fused import check_qk_args
 
 BLOCK_T = 64  # tokens per iteration of a program
-NUM_SPLITS = (
-    64  # chunks of a request's context, by default: at most one tile each up to 4,096 tokens
-)
-NUM_WARPS = 4  # 8 was no faster at batch 1 and slower at batch 2 (H200)
-# The merge: a one-warp program per (request, query head, 32 of the head's dims), whose sums
-# over the chunks stay inside the warp: 1.4 us a layer against 2.1 for a 4-warp program per
-# head, whose sums crossed warps through shared memory (H200, benchmarks/layer_timeline.py)
+# chunks of a request's context, by default: at most one tile each up to 4,096 tokens
+NUM_SPLITS = 64
+NUM_WARPS = 4
+# The merge: a one-warp program per (request, query head, 32 of the head's dims), so that its
+# sums over the chunks stay inside the warp, with no shared memory or barrier between warps
 MERGE_BLOCK_D = 32
 MERGE_WARPS = 1
+
+
+class FromQKV(NamedTuple):
+    """What ``decode_attention_qkv`` does to q and k before attending: Qwen3's per-head
+    RMSNorm (``q_norm, k_norm: [D]``, both or neither) and RoPE at ``positions: [B]`` from
+    ``cos_sin_cache: [max_pos, D]``, with this step's K/V stored at ``out_loc: [B]``."""
+
+    positions: torch.Tensor
+    out_loc: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_norm: Optional[torch.Tensor]
+    k_norm: Optional[torch.Tensor]
+    eps: float
 
 
 @triton.jit
@@ -98,7 +109,7 @@ def _norm_rope(
 ):
     """Qwen3's per-head RMSNorm (weights ``w``) and RoPE, neox layout, on the rows that
     ``heads: [R]`` point to; returns ``[R, D]`` in their dtype. Rounds where
-    ``triton_fused.qk_norm_rope_store`` does. A row's partner element ``(d + D/2) % D``
+    ``torch_ops.rms_norm`` and ``torch_ops.apply_rotary`` do. A row's partner element ``(d + D/2) % D``
     is loaded as a second tile, so the rotation is elementwise."""
     dtype = heads.dtype.element_ty
     offs_d = tl.arange(0, HEAD_DIM)
@@ -132,6 +143,7 @@ def _decode_partial_kernel(
     cos_sin_ptr,
     q_norm_ptr,
     k_norm_ptr,
+    stamps_ptr,
     sm_scale,
     stride_slot,
     num_splits,
@@ -147,7 +159,10 @@ def _decode_partial_kernel(
     PDL: tl.constexpr,
     FROM_QKV: tl.constexpr,
     HAS_QK_NORM: tl.constexpr,
+    TIMELINE: tl.constexpr,
 ):
+    if TIMELINE:
+        started = timeline.now()
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
@@ -156,7 +171,9 @@ def _decode_partial_kernel(
     first_page, seq_len, chunk = _chunking(indptr_ptr, last_len_ptr, b, num_splits, PAGE, BLOCK_T)
     start = split * chunk
     if start >= seq_len:  # an empty chunk (a short context split many ways): the merge skips it
-        return  # (chunk 0 always holds a token, so its programs still wait for the kernel before)
+        if TIMELINE:  # (chunk 0 always holds a token, so its programs still wait)
+            timeline.record(stamps_ptr, started, 0)
+        return
     end = tl.minimum(start + chunk, seq_len)
     offs_t = tl.arange(0, BLOCK_T)
     offs_g = tl.arange(0, BLOCK_G)
@@ -191,6 +208,8 @@ def _decode_partial_kernel(
         slot = tl.load(loc_ptr + b).to(tl.int64)
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if TIMELINE:
+        waited = timeline.now()
     g_mask = offs_g < GROUP
     q_head = kv_head * GROUP + offs_g  # this KV head's query heads
     if FROM_QKV:  # q from the GEMV's output; this token's K and V too, stored by their chunk
@@ -258,6 +277,8 @@ def _decode_partial_kernel(
         acc / l_i[:, None],
         mask=g_mask[:, None],
     )
+    if TIMELINE:
+        timeline.record(stamps_ptr, started, waited)
 
 
 @triton.jit
@@ -267,6 +288,7 @@ def _decode_merge_kernel(
     out_ptr,
     indptr_ptr,
     last_len_ptr,
+    stamps_ptr,
     num_splits,
     NUM_QO_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -275,7 +297,10 @@ def _decode_merge_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
+    TIMELINE: tl.constexpr,
 ):
+    if TIMELINE:
+        started = timeline.now()
     row = tl.program_id(0)  # b * H_q + head; program_id(1) picks BLOCK_D of its dims
     if PDL:  # o_proj's GEMV may start loading its weights
         tl.extra.cuda.gdc_launch_dependents()
@@ -288,6 +313,8 @@ def _decode_merge_kernel(
     s_mask = offs_s < tl.cdiv(seq_len, chunk)  # the empty chunks' programs wrote nothing
     if PDL:
         tl.extra.cuda.gdc_wait()  # the partials are visible
+    if TIMELINE:
+        waited = timeline.now()
     lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_mask, other=float("-inf"))
     o = tl.load(
         part_o_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
@@ -297,6 +324,8 @@ def _decode_merge_kernel(
     weight = tl.exp(lse - tl.max(lse, axis=0))
     out = tl.sum(o * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty))
+    if TIMELINE:
+        timeline.record(stamps_ptr, started, waited)
 
 
 def _check_slots(k_slots: torch.Tensor, v_slots: torch.Tensor, dtype: torch.dtype) -> None:
@@ -342,20 +371,55 @@ def _check_index(
         )
 
 
+def _check_qk_args(
+    t: int,
+    head_dim: int,
+    positions: torch.Tensor,
+    out_loc: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
+) -> None:
+    """What ``decode_attention_qkv`` takes besides qkv: ``positions``, ``out_loc: [T]`` integers, the
+    norms both ``[D]`` or both None, ``cos_sin_cache: [max_pos, D]`` contiguous float32.
+    What the host cannot see without a device sync stays the caller's: every position must
+    be below ``max_pos`` and every slot inside the pool. Raises ValueError."""
+    for name, x in (("positions", positions), ("out_loc", out_loc)):
+        if x.shape != (t,) or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be [{t}] int32 or int64, got {tuple(x.shape)} {x.dtype}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm go together: give both or neither")
+    if q_norm is not None and (q_norm.shape != (head_dim,) or k_norm.shape != (head_dim,)):
+        raise ValueError(
+            f"q_norm and k_norm must be [{head_dim}], got {tuple(q_norm.shape)} and {tuple(k_norm.shape)}"
+        )
+    if (
+        cos_sin_cache.dtype != torch.float32
+        or cos_sin_cache.dim() != 2
+        or cos_sin_cache.shape[1] != head_dim
+        or not cos_sin_cache.is_contiguous()
+    ):
+        raise ValueError(
+            f"cos_sin_cache must be a contiguous float32 [max_pos, {head_dim}], "
+            f"got {tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}"
+        )
+
+
 def _launch(
     q_or_qkv: torch.Tensor,
     k_slots: torch.Tensor,
     v_slots: torch.Tensor,
-    index: tuple,
+    index: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     out: torch.Tensor,
     page_size: int,
     sm_scale: float,
     max_seq_len: int,
     num_splits: int,
-    qkv_args: Optional[tuple] = None,
+    from_qkv: Optional[FromQKV] = None,
+    stamps: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """Both kernels; ``qkv_args = (positions, out_loc, cos_sin_cache, q_norm, k_norm, eps)``
-    when ``q_or_qkv`` is the qkv GEMV's output."""
+    """Both kernels, on ``index = (kv_indptr, kv_page_ids, kv_last_page_len)``; ``from_qkv``
+    when ``q_or_qkv`` is the qkv GEMV's output; ``stamps``: the two kernels' buffers."""
     bs, num_qo_heads, head_dim = out.shape
     num_kv_heads = k_slots.shape[1]
     if bs == 0:
@@ -365,10 +429,18 @@ def _launch(
     )
     part_lse = torch.empty((bs, num_qo_heads, num_splits), dtype=torch.float32, device=out.device)
     pdl = use_pdl(out)
-    positions, out_loc, cos_sin, q_norm, k_norm, eps = qkv_args or (out, out, out, None, None, 0.0)
-    has_norm = q_norm is not None  # check_qk_args: both norms or neither
+    positions, out_loc, cos_sin, q_norm, k_norm, eps = from_qkv or (out, out, out, None, None, 0.0)
+    has_norm = q_norm is not None  # _check_qk_args: both norms or neither
     group = num_qo_heads // num_kv_heads
-    _decode_partial_kernel[(bs, num_kv_heads, num_splits)](
+    block_d = min(MERGE_BLOCK_D, head_dim)
+    partial_grid, merge_grid = (
+        (bs, num_kv_heads, num_splits),
+        (bs * num_qo_heads, head_dim // block_d),
+    )
+    partial_stamps, merge_stamps = stamps or (None, None)
+    timeline.check_stamps(partial_stamps, bs * num_kv_heads * num_splits)
+    timeline.check_stamps(merge_stamps, merge_grid[0] * merge_grid[1])
+    _decode_partial_kernel[partial_grid](
         q_or_qkv,
         k_slots,
         v_slots,
@@ -380,6 +452,7 @@ def _launch(
         cos_sin,
         q_norm if has_norm else out,
         k_norm if has_norm else out,
+        partial_stamps if partial_stamps is not None else out,
         sm_scale,
         k_slots.stride(0),
         num_splits,
@@ -393,19 +466,20 @@ def _launch(
         PAGE=page_size,
         BLOCK_T=BLOCK_T,
         PDL=pdl,
-        FROM_QKV=qkv_args is not None,
+        FROM_QKV=from_qkv is not None,
         HAS_QK_NORM=has_norm,
+        TIMELINE=partial_stamps is not None,
         num_warps=NUM_WARPS,
         **launch_options(pdl),
     )
     kv_indptr, _, kv_last_page_len = index  # the merge needs only the lengths, to count the chunks
-    block_d = min(MERGE_BLOCK_D, head_dim)
-    _decode_merge_kernel[(bs * num_qo_heads, head_dim // block_d)](
+    _decode_merge_kernel[merge_grid](
         part_o,
         part_lse,
         out,
         kv_indptr,
         kv_last_page_len,
+        merge_stamps if merge_stamps is not None else out,
         num_splits,
         NUM_QO_HEADS=num_qo_heads,
         HEAD_DIM=head_dim,
@@ -414,6 +488,7 @@ def _launch(
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d,
         PDL=pdl,
+        TIMELINE=merge_stamps is not None,
         num_warps=MERGE_WARPS,
         **launch_options(pdl),
     )
@@ -492,14 +567,17 @@ def decode_attention_qkv(
     max_seq_len: int,
     num_qo_heads: int,
     num_splits: int = NUM_SPLITS,
+    stamps: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """``qk_norm_rope_store`` and ``decode_attention`` in two kernels instead of three,
-    straight from the qkv GEMV's output (the fused decode path's attention).
+    """The attention layer's q/k norms, RoPE and KV store, then ``decode_attention``, in its
+    two kernels, straight from the qkv GEMV's output (the fused decode path's attention).
 
     ``qkv: [B, (H_q + 2 H_kv) D]`` with contiguous rows, one token per request, at
     ``positions: [B]``; its K and V go to slots ``out_loc: [B]`` of the pool, whose index
-    (``kv_indptr``...) already counts them. Norms, ``cos_sin_cache`` and ``eps`` as in
-    ``triton_fused.qk_norm_rope_store``; the rest as in ``decode_attention``. Every program
+    (``kv_indptr``...) already counts them. ``q_norm, k_norm: [D]`` (both or neither) are
+    Qwen3's per-head RMSNorm weights, ``cos_sin_cache: [max_pos, D]`` float32 the RoPE table;
+    the rest as in ``decode_attention``, ``stamps`` (the partial and the merge kernels'
+    ``timeline.stamps_buffer``) records each program's timeline. Every program
     normalises and rotates its own query heads and this token's K (a few hundred bytes);
     the one whose chunk holds the token stores its K/V and scores it from registers.
     Every position must be below ``cos_sin_cache.shape[0]`` (not checked: a device read).
@@ -517,7 +595,7 @@ def decode_attention_qkv(
             f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
             f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}"
         )
-    check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
+    _check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
     _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
     out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     norms = (
@@ -535,5 +613,6 @@ def decode_attention_qkv(
         sm_scale,
         max_seq_len,
         num_splits,
-        qkv_args=(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps),
+        from_qkv=FromQKV(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps),
+        stamps=stamps,
     )

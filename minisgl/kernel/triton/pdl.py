@@ -17,9 +17,10 @@ a kernel launched as a PDL *secondary* may start while its *primary* is still ru
   kernel reads before ``gdc_wait`` may be written by the kernels before it in the step.
 
 Both are no-ops unless the launch asked for PDL, and CUDA graphs keep the relation. Chapter
-19's batch-1 kernels (``triton_fused``, ``triton_decode``) take ``PDL: tl.constexpr`` from
-``use_pdl`` and the launch option from ``launch_options``. Upstream mini-sglang does not use
-PDL; SGLang's own kernels do.
+19's batch-1 kernels (``fused``, ``decode``) take ``PDL: tl.constexpr`` from ``use_pdl`` and
+the launch option from ``launch_options``; ``MINISGL_DISABLE_PDL=1`` (``ENV.DISABLE_PDL``)
+launches them plainly, to measure what PDL saves. Upstream mini-sglang does not use PDL;
+SGLang's own kernels do.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from __future__ import annotations
 import functools
 
 import torch
-
-# Benchmarks set this False to measure what PDL saves (benchmarks/fused_decode.py).
-ENABLED = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,8 +37,10 @@ def _supported(device: torch.device) -> bool:
 
 def use_pdl(x: torch.Tensor) -> bool:
     """Whether kernels on ``x``'s device launch with PDL: CUDA on Hopper or newer
-    (``griddepcontrol`` is sm_90 PTX) and ``ENABLED``."""
-    return ENABLED and x.is_cuda and _supported(x.device)
+    (``griddepcontrol`` is sm_90 PTX), unless ``MINISGL_DISABLE_PDL`` is set."""
+    from minisgl.env import ENV
+
+    return x.is_cuda and not ENV.DISABLE_PDL and _supported(x.device)
 
 
 def launch_options(pdl: bool) -> dict:

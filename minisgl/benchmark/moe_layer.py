@@ -1,7 +1,7 @@
 """Time one MoE layer: the torch reference loop against the fused Triton backend (chapter 20).
 
-    python benchmarks/moe_layer.py                      # Qwen3-30B-A3B's MoE shapes, bf16, on CUDA
-    python benchmarks/moe_layer.py --tokens 1 64 4096 --experts 64 --top-k 4
+    python -m minisgl.benchmark.moe_layer               # Qwen3-30B-A3B's MoE shapes, bf16, on CUDA
+    python -m minisgl.benchmark.moe_layer --tokens 1 64 4096 --experts 64 --top-k 4
 
 For each token count it builds random inputs and router logits, checks that both backends
 agree (largest difference relative to the largest output), and prints the milliseconds
@@ -23,17 +23,7 @@ from minisgl.moe.fused import FusedMoe
 from minisgl.moe.routing import fused_topk
 from minisgl.moe.torch_backend import TorchMoe
 
-
-def _time_ms(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+from .common import cuda_time_ms
 
 
 def time_moe_layer(
@@ -62,8 +52,8 @@ def time_moe_layer(
     got = fused.forward(x, w1, w2, logits, top_k, True).float()
     rel = float((got - want).abs().max() / want.abs().max())
     hit = int(fused_topk(logits, top_k, True)[1].unique().numel())
-    torch_ms = _time_ms(lambda: ref.forward(x, w1, w2, logits, top_k, True), iters)
-    fused_ms = _time_ms(lambda: fused.forward(x, w1, w2, logits, top_k, True), iters)
+    torch_ms = cuda_time_ms(lambda: ref.forward(x, w1, w2, logits, top_k, True), iters)
+    fused_ms = cuda_time_ms(lambda: fused.forward(x, w1, w2, logits, top_k, True), iters)
     weight_bytes = hit * 3 * hidden * inter * w1.element_size()
     return {
         "tokens": tokens,

@@ -1,6 +1,6 @@
 """What one kernel boundary costs at batch 1, and what a grid barrier costs instead (chapter 19).
 
-    python benchmarks/kernel_chain.py
+    python -m minisgl.benchmark.kernel_chain
 
 A batch-1 decode step is a chain of about 170 kernels, each needing all of the one before.
 This times that chain with the work taken out, in a CUDA graph:
@@ -20,15 +20,11 @@ Needs CUDA and Triton; PDL needs Hopper or newer.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemv import graph_time_us  # noqa: E402
+from .common import graph_time_us
 
 KERNELS = 171  # a Qwen3-0.6B batch-1 decode step on the fused path
 K = 1024  # values each program reads from the step before (a hidden row)

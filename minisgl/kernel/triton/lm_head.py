@@ -1,27 +1,21 @@
 """The LM head of a decode step of one or two requests: the final RMSNorm and the
 vocabulary projection in one persistent Triton kernel.
 
-The LM head is the step's largest single read: Qwen3-0.6B's ``[151936, 1024]`` bf16 weight
-is 311 MB, a quarter of the model, and at one or two rows of ``x`` it is a pure streaming
-problem. FlashInfer's norm then cuBLAS took 79.5 us on an H200 (3.9 TB/s); a plain read of
-the same bytes takes 68.8 us (4.5 TB/s). One program per 8 rows, as the layers' fused GEMVs
-do, leaves each program too little time to hide the latency of its one load: 79 us.
+The LM head is the step's largest single read (Qwen3-0.6B's ``[151936, 1024]`` bf16 weight
+is 311 MB, a quarter of the model), and at one or two rows of ``x`` it is a pure streaming
+problem. One program per 8 rows, as the layers' fused GEMVs have, leaves each program too
+little time to hide the latency of its one load. So this kernel is *persistent*:
+``LM_HEAD_PROGRAMS_PER_SM`` programs per SM each normalise ``x`` once and then walk the
+vocabulary with a stride of the grid, ``BLOCK_N`` rows at a time, and Triton's software
+pipeline (``tl.range(..., num_stages=STAGES)``) keeps the next tiles' loads in flight (into
+shared memory) while the current tile is reduced. The final norm's kernel is gone too.
 
-So this kernel is *persistent*: ``LM_HEAD_PROGRAMS_PER_SM`` programs per SM each normalise
-``x`` once and then walk the vocabulary with a stride of the grid, ``BLOCK_N`` rows at a
-time, and Triton's software pipeline (``tl.range(..., num_stages=STAGES)``) keeps the next
-tiles' loads in flight (into shared memory) while the current tile is reduced: 75 us, and
-the norm's kernel is gone.
+Unlike the layers' kernels it is launched plainly, without PDL: a persistent kernel counts
+on its programs being spread evenly over the SMs, which programs launched early, beside the
+last layer's on SMs busy to different degrees, are not. Chapter 19 measures both.
 
-Unlike the layers' kernels it is launched plainly, without PDL. A persistent kernel counts
-on its programs being spread evenly, two on every SM, and launched early (beside the last
-layer's programs, whose SMs are then busy to different degrees) they need not be: with
-PDL the kernel took 159 us in the engine against 75 alone (H200, one CUDA-graph replay
-under ``torch.profiler``), and 146 with one 8-warp program per SM. Plainly launched it
-starts 0.1 us after the last layer ends, on an idle GPU, and takes 75 us there too.
-
-The norm rounds where ``torch_ops.rms_norm`` does (as ``triton_fused.norm_gemv``); the
-reference is ``torch_ops.norm_linear``, which the CPU tests compare it with under
+The norm rounds where ``torch_ops.rms_norm`` does (as ``fused.norm_gemv``); the reference is
+``torch_fused.norm_lm_head``, which the CPU tests compare it with under
 ``TRITON_INTERPRET=1``. Upstream mini-sglang computes the LM head with ``F.linear``; this
 module is the book's own.
 """
@@ -34,13 +28,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_fused import MAX_BLOCK_K, _check_gemv
+from .checks import check_gemv_args
+from .fused import MAX_BLOCK_K
 
-# Measured on an H200 at Qwen3-0.6B's vocabulary, one row (chapter 19): 2 programs per SM of
-# 8 rows x 4 warps with 3 pipeline stages, 74.3 us; 1 per SM of 16 rows x 8 warps, 74.6; one
-# stage (no pipelining) needs 16 programs per SM to reach 82.
+# two programs per SM, each with three tiles in flight, keep enough loads in flight to
+# stream the weight (chapter 19 measures the alternatives)
 LM_HEAD_PROGRAMS_PER_SM = 2
-MAX_K = MAX_BLOCK_K  # a row of x and of the weight is one tile (kernel.norm_lm_head keeps wider ones on torch)
+# a row of x and of the weight is one tile: the kernel table keeps wider ones on torch
+MAX_K = MAX_BLOCK_K
 INTERPRETER_SMS = 4  # the grid of the CPU interpreter: a few programs, each walking many tiles
 
 
@@ -127,12 +122,12 @@ def norm_lm_head(
     ``x: [M, K]`` (one or two rows of the residual stream, before the final norm),
     ``norm_weight: [K]``, ``weight: [V, K]`` with contiguous rows (the LM head, or the tied
     embedding). Returns ``[M, V]`` in x's dtype. Same reference as
-    ``torch_ops.norm_linear``. ``K`` is read in one tile: at most ``MAX_K`` (4,096).
+    ``torch_fused.norm_lm_head``. ``K`` is read in one tile: at most ``MAX_K`` (4,096).
 
     Raises:
         ValueError: on mismatched shapes or dtypes, or ``K`` over 4,096.
     """
-    _check_gemv(x, weight, None, weight.shape[0])
+    check_gemv_args(x, weight, None, weight.shape[0])
     m, k = x.shape
     if norm_weight.shape != (k,) or not norm_weight.is_contiguous():
         raise ValueError(f"norm_weight must be a contiguous [{k}], got {tuple(norm_weight.shape)}")

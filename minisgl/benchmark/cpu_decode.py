@@ -1,6 +1,6 @@
 """CPU decode speed of the engine beside Hugging Face ``generate``, on the same prompts.
 
-    python benchmarks/cpu_decode.py [--model PATH] [--tokens 32] [--threads N]
+    python -m minisgl.benchmark.cpu_decode [--model PATH] [--tokens 32] [--threads N]
 
 For batch sizes 1 and 8 it prints the time per decode step and the output tokens per
 second of mini-sglang (offline ``LLM``, torch backend, float32) and of ``transformers``

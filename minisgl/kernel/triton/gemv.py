@@ -5,8 +5,8 @@ two flops per weight element read once, so the layer is bound by memory bandwidt
 only goal is to stream the weight at the memory's speed. A GEMM kernel tiles the output in
 blocks of many rows to reuse each weight tile; with 1 to 8 rows most of such a tile is
 padding, and any kernel must keep megabytes of loads in flight to reach the bandwidth
-(on an H200 cuBLAS reads ``o_proj``'s and ``down_proj``'s weights at 0.3-0.9 TB/s of the
-4.3 TB/s the memory delivers: chapter 19's table). This kernel is written for ``M <= 8``:
+(chapter 19 measures how far below it a general library's one-row kernels can stay). This
+kernel is written for ``M <= 8``:
 
 * a program owns ``BLOCK_N`` output columns (rows of ``weight``) and **all** ``M`` rows of
   ``x`` (``BLOCK_M``, ``M`` rounded up to a power of two: sizes 5..8 share one compilation,
@@ -40,6 +40,8 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 import triton.language as tl
+
+from .checks import check_gemv_args
 
 # A program per (N block, K split). With fewer than about this many programs per SM the
 # GPU has too few loads in flight to reach its bandwidth on a 4-12 MB weight.
@@ -107,7 +109,7 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     stride_split,
-    K: tl.constexpr,  # compile-time, like triton_moe's K: a model has a handful of Ks
+    K: tl.constexpr,  # compile-time, like moe.py's K: a model has a handful of Ks
     K_PER_SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -180,30 +182,6 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def check_gemv_args(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], rows: int
-) -> None:
-    """What a GEMV assumes of ``x: [M, K]``, ``weight: [N, K]`` and ``bias: [rows]`` (``rows``
-    is N, or the bias length a caller expects): shapes, one dtype, contiguous rows.
-
-    Raises:
-        ValueError: naming the first assumption that fails.
-    """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"x must be [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
-        )
-    if bias is not None and (bias.shape != (rows,) or not bias.is_contiguous()):
-        raise ValueError(f"bias must be a contiguous [{rows}], got {tuple(bias.shape)}")
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError(
-            f"dtype mismatch: x {x.dtype}, weight {weight.dtype}, "
-            f"bias {None if bias is None else bias.dtype}"
-        )
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("the rows of x and weight must be contiguous")
-
-
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -213,8 +191,8 @@ def gemv(
     """``x @ weight.T + bias`` for a few rows: ``x: [M, K]``, ``weight: [N, K]``, ``bias: [N]``
     or None -> ``[M, N]`` in ``x``'s dtype, the same as ``F.linear(x, weight, bias)``.
 
-    Meant for ``M <= 8`` (the caller, ``minisgl.kernel.linear``, checks; larger M works but
-    wastes registers). fp16, bf16 or float32, all three tensors of one dtype; ``x``'s and
+    Meant for ``M <= 8`` (``minisgl.kernel.linear`` sends it at most ``GEMV_MAX_M`` rows;
+    larger M works but wastes registers). fp16, bf16 or float32, all three tensors of one dtype; ``x``'s and
     ``weight``'s rows must be contiguous. Products are summed in float32, then rounded once
     to the output dtype. ``config`` overrides the heuristic ``gemv_config`` (benchmarks and
     tests use it to try other tiles); its ``block_m`` must be at least ``M``.

@@ -1,31 +1,33 @@
 """Time small-batch linear layers: cuBLAS (``F.linear``) against the Triton GEMV (chapter 19).
 
-    python benchmarks/gemv.py                        # Qwen3-0.6B's linear layers, TP=1 and TP=2, bf16
-    python benchmarks/gemv.py --rows 1 --tp 1 --sweep    # also try other tiles, best first
+    python -m minisgl.benchmark.gemv                        # Qwen3-0.6B's layers, TP=1 and 2, bf16
+    python -m minisgl.benchmark.gemv --rows 1 --tp 1 --sweep    # also try other tiles, best first
 
 For each layer shape ``N x K`` and each row count ``M`` it checks that both give the same
 result (largest difference relative to the largest output) and prints the microseconds
 per call of each and the weight bandwidth they reach: weight bytes / time (the activations
 are a few KB). At ``M <= 8`` both should be bound by reading the weight, so the ceiling is
 the copy bandwidth printed in the header (bytes read + written per second of a 1 GiB
-device-to-device copy, ``minisgl.benchmark.decode_step.measure_copy_bandwidth``).
+device-to-device copy, ``common.measure_copy_bandwidth``).
 
 Each timing captures a sequence of calls into one CUDA graph and replays it, as a decode
 step does, so launch overhead does not count. The calls cycle through enough copies of the
 weight (``--rotate-mb``, default 256 MB, five times an H200's 50 MB L2) that each call
 reads its weight from memory, not from the L2 cache where the previous call left it.
 ``--sweep`` times a grid of other tile configurations per shape and prints the fastest,
-the data to tune ``triton_gemv.gemv_config`` with. Needs a CUDA GPU and ``triton``.
+the data to tune ``kernel/triton/gemv.py``'s ``gemv_config`` with. Needs a CUDA GPU and ``triton``.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
+
+from .common import graph_time_us, measure_copy_bandwidth
 
 # Qwen3-0.6B's linear layers as (N, K): rows of the weight, and the input width.
 SHAPES = {
@@ -45,30 +47,6 @@ def shapes_at_tp(tp: int) -> Dict[str, tuple]:
         name: (n, k // tp) if name in row_parallel else (n // tp, k)
         for name, (n, k) in SHAPES.items()
     }
-
-
-def graph_time_us(calls: List[Callable[[], torch.Tensor]], replays: int) -> float:
-    """Microseconds per call: ``calls`` captured once, in order, into a CUDA graph that is
-    replayed ``replays`` times after a warm-up (compilation happens before capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in calls:
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * len(calls))
 
 
 def make_weights(
@@ -97,7 +75,7 @@ def time_gemv(
     ``triton_gbps`` (weight bytes / time), ``rel_diff`` (max |triton - torch| / max |torch|)
     and ``config`` (the heuristic's). With ``configs``, also ``sweep``: ``(us, config)`` for
     each, fastest first."""
-    from minisgl.kernel.triton_gemv import gemv, gemv_config
+    from minisgl.kernel.triton.gemv import gemv, gemv_config
 
     weights = weights if weights is not None else make_weights(n, k, dtype, rotate_bytes)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -134,7 +112,7 @@ def sweep_configs(m: int, k: int) -> list:
     smaller than a chunk."""
     import triton
 
-    from minisgl.kernel.triton_gemv import GemvConfig
+    from minisgl.kernel.triton.gemv import GemvConfig
 
     block_m = triton.next_power_of_2(m)
     out = []
@@ -168,8 +146,7 @@ def main(argv: List[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gemv.py times GPU kernels: it needs CUDA (and triton)")
-    from minisgl.benchmark.decode_step import measure_copy_bandwidth
+        raise SystemExit("minisgl.benchmark.gemv times GPU kernels: it needs CUDA (and triton)")
 
     dtype = getattr(torch, args.dtype)
     bandwidth = measure_copy_bandwidth(torch.device("cuda"))

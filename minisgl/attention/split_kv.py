@@ -1,0 +1,206 @@
+"""Decode attention for one or two requests on chapter 19's split-KV kernel.
+
+One request's decode attention has only ``H_kv`` independent pieces of work, far too few
+for a GPU, and FlashInfer splits a context only at page boundaries. The split-KV kernel
+(``kernel.decode_attention``, ``triton/decode.py``) splits it into a fixed number of chunks
+whatever the page size, so a single request's KV is read by the whole GPU. This backend
+sends it the decode batches of at most ``SPLIT_KV_MAX_BS`` requests, when no request can be
+longer than ``SPLIT_KV_MAX_SEQ_LEN`` tokens (the kernel's loop count is fixed at compile
+time from the longest possible context, so one CUDA graph serves every length); every
+other batch goes to ``fallback`` (FlashInfer on CUDA), the way ``HybridBackend`` sends
+prefill and decode batches to two backends.
+
+The kernel reads FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
+tensors, ``SplitKVMetadata``. For a CUDA graph the index is copied into fixed buffers before
+each replay: three copies, and no planning on the host at all. On the fused decode path
+(``models/fused_decode.py``) ``forward_qkv`` takes the qkv GEMV's raw output and the kernel
+also does the q/k norms, RoPE and the KV store. ``MINISGL_DISABLE_SPLIT_KV=1`` keeps the
+engine on FlashInfer alone. Upstream mini-sglang uses FlashInfer's decode kernel at every
+batch size; this backend is the book's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from minisgl.core import get_global_ctx
+from minisgl.kernel import decode_attention, decode_attention_qkv
+from minisgl.utils import div_ceil
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+from .fi import paged_kv_index
+
+if TYPE_CHECKING:
+    from minisgl.core import Batch
+    from minisgl.kvcache import MHAKVCache
+
+SPLIT_KV_MAX_BS = 2
+SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
+
+
+@dataclass
+class SplitKVMetadata(BaseAttnMetadata):
+    """A decode batch's paged KV index, on the device, as the split-KV kernel reads it:
+    request ``b``'s pages are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]`` and its last page
+    holds ``kv_last_page_len[b]`` tokens. Under a CUDA graph these are views of the graph's
+    fixed buffers."""
+
+    kv_indptr: torch.Tensor  # [B + 1] int32
+    kv_page_ids: torch.Tensor  # [pages] int32
+    kv_last_page_len: torch.Tensor  # [B] int32, 1..P
+    last_indices: torch.Tensor  # [B] int64: a decode batch's row b is request b's token
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.last_indices[:bs]
+
+
+@dataclass(frozen=True)
+class QKNormRope:
+    """What the attention layer does to q and k after the qkv GEMV, for ``forward_qkv``:
+    Qwen3's per-head RMSNorm (``q_norm, k_norm: [D]`` and ``eps``; None for models without
+    it) and RoPE from ``cos_sin_cache: [max_pos, D]`` float32 at the batch's positions."""
+
+    cos_sin_cache: torch.Tensor
+    q_norm: Optional[torch.Tensor]
+    k_norm: Optional[torch.Tensor]
+    eps: float
+
+
+class SplitKVBackend(BaseAttnBackend):
+    """``num_qo_heads``/``num_kv_heads`` are this rank's heads; ``fallback`` runs every batch
+    that ``takes`` declines, and its CUDA graphs."""
+
+    def __init__(
+        self, fallback: BaseAttnBackend, num_qo_heads: int, num_kv_heads: int, head_dim: int
+    ) -> None:
+        ctx = get_global_ctx()
+        self.fallback = fallback
+        self.kv_cache: MHAKVCache = ctx.kv_cache  # type: ignore[assignment]
+        self.page_size = ctx.page_size
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.device = self.kv_cache.device
+        self._graph_index: Optional[SplitKVMetadata] = None
+
+    def takes(self, batch: Batch) -> bool:
+        """Whether ``batch`` runs here: a decode of at most ``SPLIT_KV_MAX_BS`` requests, in an
+        engine whose requests are at most ``SPLIT_KV_MAX_SEQ_LEN`` tokens long."""
+        return (
+            batch.is_decode
+            and batch.padded_size <= SPLIT_KV_MAX_BS
+            and get_global_ctx().page_table.shape[1] <= SPLIT_KV_MAX_SEQ_LEN
+        )
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        if not self.takes(batch):
+            return self.fallback.prepare_metadata(batch)
+        pin = self.device.type == "cuda"  # pinned: the copies below do not wait for the host
+        index = paged_kv_index(get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin)
+        batch.attn_metadata = SplitKVMetadata(
+            kv_indptr=index.kv_indptr.to(self.device, non_blocking=True),
+            kv_page_ids=index.kv_page_ids,
+            kv_last_page_len=index.kv_last_page_len.to(self.device, non_blocking=True),
+            last_indices=torch.arange(batch.padded_size, device=self.device),
+        )
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        meta = batch.attn_metadata
+        if not isinstance(meta, SplitKVMetadata):
+            return self.fallback.forward(q, k, v, layer_id, batch)
+        self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        return decode_attention(
+            q.contiguous(),
+            self.kv_cache.k_slots(layer_id),
+            self.kv_cache.v_slots(layer_id),
+            meta.kv_indptr,
+            meta.kv_page_ids,
+            meta.kv_last_page_len,
+            page_size=self.page_size,
+            sm_scale=self.head_dim**-0.5,
+            max_seq_len=get_global_ctx().page_table.shape[1],
+        )
+
+    def forward_qkv(
+        self, qkv: torch.Tensor, rope: QKNormRope, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
+        """The attention layer from the qkv GEMV's output ``qkv: [B, (H_q + 2 H_kv) D]`` ->
+        ``[B, H_q, D]``: q/k norms, RoPE, the KV store and the attention in the kernel's two
+        launches. Only for a batch this backend ``takes``.
+
+        Raises:
+            ValueError: for a batch whose metadata is not this backend's.
+        """
+        meta = batch.attn_metadata
+        if not isinstance(meta, SplitKVMetadata):
+            raise ValueError("forward_qkv needs a batch prepared by the split-KV backend")
+        return decode_attention_qkv(
+            qkv,
+            batch.positions,
+            rope.cos_sin_cache,
+            rope.q_norm,
+            rope.k_norm,
+            rope.eps,
+            self.kv_cache.k_slots(layer_id),
+            self.kv_cache.v_slots(layer_id),
+            batch.out_loc,
+            meta.kv_indptr,
+            meta.kv_page_ids,
+            meta.kv_last_page_len,
+            page_size=self.page_size,
+            sm_scale=self.head_dim**-0.5,
+            max_seq_len=get_global_ctx().page_table.shape[1],
+            num_qo_heads=self.num_qo_heads,
+        )
+
+    # ---- CUDA graphs (chapter 18): graphs of one or two requests here, the rest the fallback's
+    @property
+    def supports_cuda_graph(self) -> bool:
+        return self.fallback.supports_cuda_graph
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        self.fallback.init_capture_graph(max_seq_len, bs_list)
+        max_bs = min(max(bs_list), SPLIT_KV_MAX_BS)
+        self._graph_index = SplitKVMetadata(
+            kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+            kv_page_ids=torch.zeros(
+                max_bs * div_ceil(max_seq_len, self.page_size),
+                dtype=torch.int32,
+                device=self.device,
+            ),
+            kv_last_page_len=torch.ones(max_bs, dtype=torch.int32, device=self.device),
+            last_indices=torch.arange(max_bs, device=self.device),
+        )
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        if not self.takes(batch):
+            return self.fallback.prepare_for_capture(batch)
+        self.prepare_metadata(batch)
+        self.prepare_for_replay(batch)
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        meta = batch.attn_metadata
+        if not isinstance(meta, SplitKVMetadata):
+            return self.fallback.prepare_for_replay(batch)
+        assert self._graph_index is not None, "init_capture_graph first"
+        bs, graph = batch.padded_size, self._graph_index
+        views = SplitKVMetadata(
+            graph.kv_indptr[: bs + 1],
+            graph.kv_page_ids,
+            graph.kv_last_page_len[:bs],
+            graph.last_indices[:bs],
+        )
+        stream = torch.cuda.current_stream(self.device)
+        for buffer, values in (
+            (views.kv_indptr, meta.kv_indptr),
+            (views.kv_page_ids, meta.kv_page_ids),
+            (views.kv_last_page_len, meta.kv_last_page_len),
+        ):
+            buffer[: values.numel()].copy_(values)
+            # made on the scheduler's stream under overlap scheduling, and dropped just below:
+            # the allocator must not hand its memory out again before this copy has run
+            values.record_stream(stream)
+        batch.attn_metadata = views
