@@ -947,7 +947,7 @@ def _gpu_engine(page_size: int, graphs: int = 0):
 
     path = next((p for p in (SHAPED, SMOLLM2) if (p / "config.json").is_file()), None)
     if path is None:
-        pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
+        pytest.skip("no bf16 model built: python -m tools.models qwen3-0.6b-shaped")
     return path, Engine(
         EngineConfig(
             str(path),
