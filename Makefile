@@ -7,7 +7,7 @@ setup:
 	bash tools/setup.sh
 
 models:
-	$(PYTHON) tools/models.py all
+	$(PYTHON) -m tools.models all
 
 demo: setup models
 	$(PYTHON) examples/ch07_scheduler.py
@@ -19,5 +19,5 @@ docs: setup
 	$(PYTHON) -m mkdocs build --strict
 
 check: setup models
-	$(PYTHON) tools/steps.py check
+	$(PYTHON) -m tools.steps check
 	$(PYTHON) practice/judge.py check

@@ -1,6 +1,6 @@
 """Chapter 0: a whole LLM inference engine in one file, before we build the real one.
 
-    python tools/models.py smollm2          # once: converts SmolLM2-135M-Instruct to models/
+    python -m tools.models smollm2          # once: converts SmolLM2-135M-Instruct to models/
     python examples/ch00_tiny_engine.py     # greedy text for 3 prompts, checked against HF
 
 This is SmolLM2-135M-Instruct (the Llama architecture) written out by hand with nothing
@@ -168,7 +168,7 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.model / "model.safetensors").is_file():
         print(
-            f"No model at {args.model}. Make it once with:  python tools/models.py smollm2",
+            f"No model at {args.model}. Make it once with:  python -m tools.models smollm2",
             file=sys.stderr,
         )
         return 1

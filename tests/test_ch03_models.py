@@ -111,7 +111,7 @@ def test_unknown_architecture_is_named():
 
 
 def test_missing_model_says_how_to_get_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tools/models.py smollm2"):
+    with pytest.raises(FileNotFoundError, match="tools.models smollm2"):
         check_model_path(tmp_path / "nothing-here")
 
 

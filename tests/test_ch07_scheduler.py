@@ -175,7 +175,7 @@ def test_max_tokens_is_cut_to_the_context(qwen3_path):
 
 
 def test_missing_model_says_how_to_get_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python tools/models.py smollm2"):
+    with pytest.raises(FileNotFoundError, match="python -m tools.models smollm2"):
         LLM(str(tmp_path / "no-model"), dtype=torch.float32, device=DEVICE)
 
 

@@ -162,7 +162,7 @@ def _gpu_models():
             p,
             id=p.name,
             marks=pytest.mark.skipif(
-                not (p / "config.json").is_file(), reason=f"{p} not built (tools/models.py)"
+                not (p / "config.json").is_file(), reason=f"{p} not built (python -m tools.models)"
             ),
         )
         for p in (SHAPED, SMOLLM2)
@@ -263,7 +263,7 @@ def test_hybrid_backends_split_prefill_and_decode(name):
 
     path = next((p for p in (SHAPED, SMOLLM2) if (p / "config.json").is_file()), None)
     if path is None:
-        pytest.skip("no bf16-capable model built (tools/models.py qwen3-0.6b-shaped)")
+        pytest.skip("no bf16-capable model built (python -m tools.models qwen3-0.6b-shaped)")
     engine = _engine(path, backend=name)
     reqs = manual.place(engine, [hf_encode(path, p) for p in PROMPTS], 2)
     prefill = manual.build_batch(engine, reqs, "prefill")
@@ -355,7 +355,7 @@ def test_the_torch_kernels_switch_turns_fast_kernels_off():
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not (SMOLLM2 / "config.json").is_file(),
-    reason="SmolLM2 not converted (tools/models.py smollm2)",
+    reason="SmolLM2 not converted (python -m tools.models smollm2)",
 )
 def test_smollm2_on_gpu_agrees_with_hf_on_gpu(capsys):
     """bf16 greedy, 32 tokens: wherever the two diverge, Hugging Face's own top-2 margin

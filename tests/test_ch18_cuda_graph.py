@@ -129,7 +129,7 @@ def test_a_padded_batch_gives_the_real_rows_the_same_logits(cpu_engine, qwen3_pa
 def _gpu_model():
     path = next((p for p in (SHAPED, SMOLLM2) if (p / "config.json").is_file()), None)
     if path is None:
-        pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
+        pytest.skip("no bf16 model built: python -m tools.models qwen3-0.6b-shaped")
     return path
 
 

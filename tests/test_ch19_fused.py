@@ -73,7 +73,7 @@ def test_the_engine_keeps_the_unfused_model_where_the_fused_kernels_do_not_run(q
 
 
 def test_a_kernel_module_a_later_chapter_brings_counts_as_absent(monkeypatch):
-    """In a step tree (tools/steps.py) the Triton package may be missing: the op falls back."""
+    """In a step tree (python -m tools.steps) the Triton package may be missing: the op falls back."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton serves the CPU: only the module is missing
     missing = kernel.Impl("triton", "triton.no_such_module", "norm_gemv")
     monkeypatch.setitem(kernel.OPS, "norm_linear", (missing, *kernel.OPS["norm_linear"][1:]))
@@ -448,7 +448,7 @@ def gpu_engine(page_size: int, graphs: int = 0):
 
     path = next((p for p in (SHAPED, SMOLLM2) if (p / "config.json").is_file()), None)
     if path is None:
-        pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
+        pytest.skip("no bf16 model built: python -m tools.models qwen3-0.6b-shaped")
     config = EngineConfig(str(path), dtype=torch.bfloat16, device="cuda", page_size=page_size,
                           max_running_req=4, num_page_override=2048 // page_size,
                           max_seq_len_override=256, cuda_graph_max_bs=graphs)  # fmt: skip

@@ -16,6 +16,7 @@ from minisgl.benchmark import offline
 from minisgl.benchmark.common import format_table
 from minisgl.benchmark.workload import NANO_VLLM_OUTPUT_TOKENS, nano_vllm_workload
 from tests.helpers import MODELS
+from tools.diagnostics import tp_logits
 
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 
@@ -134,7 +135,7 @@ def test_the_decode_step_batch_is_a_pure_decode_of_the_context(qwen3_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(
-    not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped"
+    not (SHAPED / "config.json").is_file(), reason="python -m tools.models qwen3-0.6b-shaped"
 )
 def test_a_short_offline_run_on_the_gpu():
     results = offline.main(
@@ -167,7 +168,7 @@ def test_a_short_offline_run_on_the_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(
-    not (SHAPED / "config.json").is_file(), reason="python tools/models.py qwen3-0.6b-shaped"
+    not (SHAPED / "config.json").is_file(), reason="python -m tools.models qwen3-0.6b-shaped"
 )
 def test_the_decode_step_script_runs(capsys):
     from minisgl.benchmark import decode_step
@@ -220,23 +221,11 @@ def test_online_summary_percentiles_and_throughput():
 # ---- chapter 16's measurements: teacher-forced TP logits, the collectives' share ---------------
 
 
-def _tp_logits():
-    import sys
-
-    from tests.helpers import ROOT
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    import tp_logits
-
-    return tp_logits
-
-
 def _logits_run(logits: torch.Tensor, tokens) -> dict:
     return {"logits": logits, "forced_logits": logits, "tokens": tokens}
 
 
 def test_tp_logits_passes_only_near_ties_within_the_tolerance(capsys):
-    tp_logits = _tp_logits()
     steps, batch, vocab = 2, len(tp_logits.PROMPTS), 5
     ref_logits = torch.zeros(steps, batch, vocab)
     ref_logits[:, :, 0], ref_logits[:, :, 1] = 10.0, 9.999  # token 0 wins by 0.001 everywhere
@@ -257,9 +246,7 @@ def test_tp_logits_passes_only_near_ties_within_the_tolerance(capsys):
 
 def test_tp_logits_at_tp2_on_gloo_equal_tp1(qwen3_path, capsys):
     assert (
-        _tp_logits().main(
-            ["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"]
-        )
+        tp_logits.main(["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"])
         == 0
     )
     out = capsys.readouterr().out
@@ -298,5 +285,5 @@ def test_tp_logits_refuses_bad_arguments_in_one_line(qwen3_path, argv, message, 
     if argv[0] != "--model":
         argv = ["--model", str(qwen3_path), *argv]
     with pytest.raises(SystemExit) as exit_info:
-        _tp_logits().main([*argv, "--device", "cpu"])
+        tp_logits.main([*argv, "--device", "cpu"])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

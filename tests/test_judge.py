@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from practice.judgelib import runner
+from practice.judgelib.problems import load_all
+from practice.judgelib.signatures import drift
+
 REPO = Path(__file__).resolve().parents[1]
 JUDGE = REPO / "practice" / "judge.py"
 
@@ -369,17 +373,8 @@ def test_doctor_runs(toy):
     assert out.returncode == 0 and "Python" in out.stdout and "901" in out.stdout
 
 
-def _real_problems():
-    sys.path.insert(0, str(REPO / "practice"))
-    from judgelib import problems
-
-    return problems.load_all(REPO / "practice" / "exercises")
-
-
 def test_real_exercises_are_complete_and_match_the_engine():
-    exercises = _real_problems()
-    from judgelib.signatures import drift
-
+    exercises = load_all(REPO / "practice" / "exercises")
     for p in exercises:
         assert p.starter.is_file() and p.own_tests, p.dir
         assert (REPO / p.module).is_file(), f"{p.id}: {p.module} missing"
@@ -418,11 +413,6 @@ def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
 def test_the_sandbox_keeps_installed_paths_but_not_another_minisgl(tmp_path, monkeypatch):
     """Regression (found on the H200): the child's PYTHONPATH was the sandbox alone, so
     packages installed with `pip install --target` (FlashInfer there) vanished."""
-    sys.path.insert(0, str(REPO / "practice"))
-    try:
-        from judgelib import runner
-    finally:
-        sys.path.pop(0)
     site, other_repo = tmp_path / "site", tmp_path / "other"
     site.mkdir()
     (other_repo / "minisgl").mkdir(parents=True)

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from tools.docs.chapters import find_exercise, load_chapters
+from tools.docs.macros import MAIN_CELLS, Context, expand
+from tools.docs.symbols import find_symbol, symbol_table
 
-from tools.docs.chapters import find_exercise, load_chapters  # noqa: E402
-from tools.docs.macros import MAIN_CELLS, Context, expand  # noqa: E402
-from tools.docs.symbols import find_symbol, symbol_table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 REPO = "https://github.com/example/book"
 
@@ -93,6 +92,7 @@ def project(tmp_path: Path) -> Path:
         stage = 2
         stage_title = "Scheduling it well"
         main = "examples/ch07_demo.py"
+        new = ["minisgl/__init__.py", "minisgl/demo.py"]
         exercises = [191]
         """,
     )
@@ -118,17 +118,6 @@ def project(tmp_path: Path) -> Path:
         # 191. PrefillAdder
 
         Write it.
-        """,
-    )
-    write(
-        tmp_path / "tools" / "steps.py",
-        """\
-        def load_manifests():
-            return []
-
-        def render_tree(n, fmt="text"):
-            text = f"Files so far: 3 (chapter {n})"
-            return f"```text\\n{text}\\n```" if fmt == "markdown" else text
         """,
     )
     index = {
@@ -269,11 +258,15 @@ def test_output_macro_renders_the_capture_and_fails_when_missing(project):
     assert "outputs/ch99_none.txt does not exist" in missing.errors[0]
 
 
-def test_tree_macro_calls_steps_render_tree_for_this_chapter(project):
+def test_tree_macro_draws_this_chapters_tree_from_the_manifests_under_the_root(project):
     out = render(project, "@@tree@@")
-    assert out.errors == [] and "Files so far: 3 (chapter 7)" in out.text
-    (project / "tools" / "steps.py").unlink()
-    assert "tools/steps.py does not exist" in render(project, "@@tree@@").errors[0]
+    assert out.errors == []
+    assert "```text\nFiles so far: 2 (2 new, 0 modified, 0 brought in early)\n" in out.text
+    assert "demo.py" in out.text
+    toml = project / "chapters" / "ch07_demo" / "chapter.toml"
+    toml.write_text(toml.read_text() + 'early = { "minisgl/later.py" = "eight" }\n')
+    error = render(project, "@@tree@@").errors[0]
+    assert "the tree of chapter 7" in error and "'early' must map paths" in error
 
 
 def test_upstream_macro_links_the_pinned_commit_and_lines(project):
@@ -337,7 +330,7 @@ def _mkdocs_project(project: Path) -> Path:
         docs_dir: docs
         site_dir: site
         hooks:
-          - {ROOT / "tools" / "docs_hooks.py"}
+          - {ROOT / "mkdocs_hooks.py"}
         exclude_docs: |
           upstream_index.json
         nav:

@@ -1,4 +1,4 @@
-"""tools/steps.py on a small fake book: manifests, the tree, the static checks, the check run.
+"""tools.steps on a small fake book: manifests, the tree, the static checks, the check run.
 
 Nothing here touches the real engine; each test writes its own repository under tmp_path.
 """
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import steps  # noqa: E402
+from tools import jobs, outputs, steps
 
 FAKE = {
     0: ("intro", dict(main="examples/ch00_intro.py", new=[])),
@@ -288,11 +287,9 @@ def test_check_runs_each_step_on_its_own_files_and_catches_a_forward_reach(tmp_p
 def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(
     tmp_path, monkeypatch, capsys
 ):
-    """check keeps each main's stdout with a fingerprint of what it ran; outputs.py --check
+    """check keeps each main's stdout with a fingerprint of what it ran; tools.outputs --check
     --from-steps takes it instead of a rerun only while the files are the same, and a stale
     outputs/*.txt fails either way."""
-    import outputs
-
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     root = make_repo(tmp_path)
     (root / "minisgl/core.py").write_text("VALUE = 42\n")
@@ -308,7 +305,7 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(
     capsys.readouterr()
     assert outputs.main(check) == 0
     assert (
-        "ok    ch01_core (stdout of the same files from tools/steps.py check"
+        "ok    ch01_core (stdout of the same files from tools.steps check"
         in capsys.readouterr().out
     )
 
@@ -321,7 +318,7 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(
     (root / "minisgl/core.py").write_text("VALUE = 43\n")  # the engine changed since the steps ran
     assert outputs.main(check) == 1  # so the example is rerun, and its new output is stale
     out = capsys.readouterr().out
-    assert "+value 43" in out and "from tools/steps.py" not in out
+    assert "+value 43" in out and "from tools.steps" not in out
 
     (root / "examples/ch01_core.py").write_text("raise SystemExit(3)\n")
     assert not steps.check_chapter(1, ms, root, timeout=120).ok
@@ -339,8 +336,6 @@ def test_outputs_check_from_steps_reuses_only_a_run_of_the_same_files(
 def test_jobs_hand_results_back_in_order_and_give_each_child_one_thread(monkeypatch):
     import subprocess
     import time
-
-    import jobs
 
     def late(i: int, delay: float) -> int:
         time.sleep(delay)

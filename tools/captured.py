@@ -1,15 +1,16 @@
-"""What an example printed under ``tools/steps.py check``, kept for ``tools/outputs.py --check``.
+"""What an example printed under ``tools.steps check``, kept for ``tools.outputs --check``.
 
-``steps.py check`` runs every chapter main (in its step tree ``build/steps/NN``, or in the
-repository for a ``final_mains`` entry) exactly as ``outputs.py`` runs it to capture its
-output: same interpreter, the environment of ``ENV``. Each successful run's stdout is saved
-in ``build/steps/stdout/<name>.json`` with a *fingerprint*: the SHA-256 of every file the
-run could import or read (everything in the step tree but the generated ``sitecustomize.py``
-and ``check.log``; for a run in the repository, the same top-level folders), the size and
-modification time of every file under ``models/``, the interpreter, and the environment
-variables that change what an engine computes (``RESULT_ENV``, ``MINISGL_*``).
+``python -m tools.steps check`` runs every chapter main (in its step tree ``build/steps/NN``,
+or in the repository for a ``final_mains`` entry) exactly as ``python -m tools.outputs`` runs
+it to capture its output: same interpreter, the environment of ``ENV``. Each successful
+run's stdout is saved in ``build/steps/stdout/<name>.json`` with a *fingerprint*: the SHA-256
+of every file the run could import or read (everything in the step tree but the generated
+``sitecustomize.py`` and ``check.log``; for a run in the repository, the same top-level
+folders), the size and modification time of every file under ``models/``, the interpreter,
+and the environment variables that change what an engine computes (``RESULT_ENV``,
+``MINISGL_*``).
 
-``outputs.py --check --from-steps`` takes a saved stdout instead of rerunning the example
+``tools.outputs --check --from-steps`` takes a saved stdout instead of rerunning the example
 only when that fingerprint, recomputed now on the repository's files, is identical: the
 same code, data and settings ran. A step tree holds byte-identical copies of the
 repository's files, and its import guard only *hides* the modules later chapters introduce:

@@ -1,7 +1,7 @@
 """Run independent jobs N at a time; hand their results back in the order they were given.
 
-Shared by ``tools/steps.py check --jobs``, ``tools/outputs.py --jobs`` and
-``practice/judge.py check --jobs``. Each job's real work happens in child processes (an
+Shared by ``python -m tools.steps check --jobs``, ``python -m tools.outputs --jobs`` and
+``python practice/judge.py check --jobs``. Each job's real work happens in child processes (an
 example, a pytest run). Two torch processes with several OpenMP threads apiece on a small
 machine spin-wait into each other (10-100x slower), so while more than one job runs, every
 child gets one thread (``OMP_NUM_THREADS=1``) unless the caller's environment already says

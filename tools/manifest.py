@@ -19,7 +19,7 @@ fork files; its ``chapters/chNN_<slug>/chapter.toml`` only says which of them it
 This module reads the manifests, checks them (``static_problems``), works out the status of
 every file at a chapter (``files_so_far``) and draws the tree (``render_tree``). It has no
 state of its own: each call reads the manifests again, so the docs hook always sees the
-current files. ``tools/steps.py`` is the command line on top of it.
+current files. ``python -m tools.steps`` is the command line on top of it.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _draw(folder: _Folder, prefix: str, lines: list[str]) -> None:
 
 
 def render_tree(n: int, fmt: str = "text", manifests: list[Manifest] | None = None) -> str:
-    """The engine tree at chapter ``n``, as printed by ``python tools/steps.py tree N``.
+    """The engine tree at chapter ``n``, as printed by ``python -m tools.steps tree N``.
 
     The header counts this chapter's changes ("Files so far: 61 (9 new, 0 modified, 7
     brought in early)"), then ``minisgl/`` is drawn with each changed file marked and each

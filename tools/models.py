@@ -1,9 +1,9 @@
 """Build, offline, the models this book runs on, and cache them under ``models/``.
 
-    python tools/models.py smollm2   # real weights: SmolLM2-135M-Instruct (Llama), ~540 MB
-    python tools/models.py tiny      # seeded tiny Qwen3, Qwen2 and Qwen3-MoE with the real Qwen3 tokenizer
-    python tools/models.py all       # both
-    python tools/models.py qwen3-0.6b-shaped   # chapter 21's benchmark model, ~1.2 GB (only when asked)
+    python -m tools.models smollm2   # real weights: SmolLM2-135M-Instruct (Llama), ~540 MB
+    python -m tools.models tiny      # seeded tiny Qwen3, Qwen2 and Qwen3-MoE, real Qwen3 tokenizer
+    python -m tools.models all       # both
+    python -m tools.models qwen3-0.6b-shaped   # chapter 21's benchmark model, ~1.2 GB (when asked)
 
 Why these models:
 
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-# MINISGL_MODELS_DIR lets a copy of the repository (tools/steps.py) reuse one models folder.
+# MINISGL_MODELS_DIR lets a copy of the repository (a step tree, a sandbox) reuse one models folder.
 MODELS = Path(os.environ.get("MINISGL_MODELS_DIR", ROOT / "models")).resolve()
 BUILD = ROOT / "build"
 
@@ -733,7 +733,9 @@ def ensure_all(models_dir: Path = MODELS) -> Dict[str, Path]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.models",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("what", choices=["smollm2", "tiny", "all", *SHAPED_SPECS])
     parser.add_argument(

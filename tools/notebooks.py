@@ -1,8 +1,8 @@
 """Turn each chapter into a Jupyter notebook: `notebooks/chNN_<slug>.ipynb`.
 
-    python tools/notebooks.py                 # every chapter into notebooks/
-    python tools/notebooks.py ch07 ch08       # only these
-    python tools/notebooks.py --execute ch07  # build it, then run it on this machine (CPU is fine)
+    python -m tools.notebooks                 # every chapter into notebooks/
+    python -m tools.notebooks ch07 ch08       # only these
+    python -m tools.notebooks --execute ch07  # build it, then run it on this machine (CPU is fine)
 
 A notebook is the chapter's prose as markdown cells (split at `## ` headings; macros expanded
 to plain markdown: code excerpts become code blocks, admonitions become blockquotes or
@@ -28,16 +28,14 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+import jupytext
+import nbformat
+from nbformat.notebooknode import NotebookNode
+
+from tools.docs.chapters import Chapter, chapter_by_key, load_chapters
+from tools.docs.macros import MAIN_CELLS, Context, expand
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import jupytext  # noqa: E402
-import nbformat  # noqa: E402
-from nbformat.notebooknode import NotebookNode  # noqa: E402
-
-from tools.docs.chapters import Chapter, chapter_by_key, load_chapters  # noqa: E402
-from tools.docs.macros import MAIN_CELLS, Context, expand  # noqa: E402
 
 _ADMONITION = re.compile(r'^(\s*)(!!!|\?\?\?\+?)\s+([\w-]+)(?:\s+"([^"]*)")?\s*$')
 _TAB = re.compile(r'^(\s*)===\+?\s+"([^"]*)"\s*$')
@@ -224,7 +222,9 @@ def execute(path: Path, root: Path, timeout: int) -> NotebookNode:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.notebooks", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("chapters", nargs="*", help="ch07 or 7; all chapters when none")
     parser.add_argument(
         "--execute", action="store_true", help="run the built notebooks and fail on an error"

@@ -1,10 +1,10 @@
 """Capture what the examples print into outputs/<name>.txt, for the book's `@@output name@@`.
 
-    python tools/outputs.py                   # run every captured example, (re)write outputs/
-    python tools/outputs.py ch07_scheduler    # only this one
-    python tools/outputs.py --check           # rerun the deterministic ones; fail on stale files
-    python tools/outputs.py --check --from-steps --jobs 2   # CI: reuse what steps.py check ran
-    python tools/outputs.py --list            # which examples are captured, and how they are checked
+    python -m tools.outputs                   # run every captured example, (re)write outputs/
+    python -m tools.outputs ch07_scheduler    # only this one
+    python -m tools.outputs --check           # rerun the deterministic ones; fail on stale files
+    python -m tools.outputs --check --from-steps --jobs 2   # CI: reuse what tools.steps check ran
+    python -m tools.outputs --list            # which examples are captured, and how checked
 
 Which examples: every chapter's `main` and `extra_mains` (chapters/chNN_<slug>/chapter.toml), and any
 examples/*.py with a line `# capture-output`. Each runs as `python examples/<name>.py` from
@@ -23,7 +23,7 @@ Nondeterministic output is declared in the example itself, by a comment line:
 
 `--check` prints a unified diff per stale file and exits 1 listing them; a missing output
 counts as stale. With `--from-steps` it takes an example's stdout from the last
-`tools/steps.py check` instead of rerunning it, but only when that run's fingerprint (the
+`python -m tools.steps check` instead of rerunning it, but only when that run's fingerprint (the
 SHA-256 of every file it could read, the models, the interpreter and the settings: see
 tools/captured.py) still holds for the repository now; the others are rerun. `--jobs N` runs
 N examples at once (one thread per child then, tools/jobs.py). Outputs depend on the machine
@@ -43,13 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools import captured
+from tools.docs.chapters import load_chapters
+from tools.jobs import in_order
 
-from tools import captured  # noqa: E402
-from tools.docs.chapters import load_chapters  # noqa: E402
-from tools.jobs import in_order  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CAPTURE = re.compile(r"^#\s*capture-output\s*$", re.M)
 NONDETERMINISTIC = re.compile(r"^#\s*output:\s*nondeterministic\s*$", re.M)
@@ -121,7 +119,7 @@ def _stdout(
         if text is not None:
             return (
                 text,
-                f" (stdout of the same files from tools/steps.py check, {captured.STORE.as_posix()})",
+                f" (stdout of the same files from tools.steps check, {captured.STORE.as_posix()})",
             )
     try:
         return run(example, root, timeout), ""
@@ -130,7 +128,9 @@ def _stdout(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.outputs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("names", nargs="*", help="example names (ch07_scheduler); all when none")
     parser.add_argument(
         "--check", action="store_true", help="fail listing stale outputs, with diffs"
@@ -143,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--from-steps",
         action="store_true",
-        help="with --check: reuse the stdout of `tools/steps.py check` runs of the same files",
+        help="with --check: reuse the stdout of `tools.steps check` runs of the same files",
     )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -210,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             target.write_text(text, encoding="utf-8")
             print(f"wrote outputs/{e.name}.txt ({len(text.splitlines())} lines)")
     if stale:
-        print(f"stale: {', '.join(stale)} (rerun python tools/outputs.py)", file=sys.stderr)
+        print(f"stale: {', '.join(stale)} (rerun python -m tools.outputs)", file=sys.stderr)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if stale or failed else 0

@@ -1,11 +1,11 @@
 """Rebuild the book's source tree chapter by chapter, and prove each step runs on its own.
 
-    python tools/steps.py list              # the chapters and what each introduces
-    python tools/steps.py tree 7            # "Files so far: ..." and the minisgl/ tree
-    python tools/steps.py tree 7 --format markdown
-    python tools/steps.py check             # every chapter (plus the static checks)
-    python tools/steps.py check 5 6 --jobs 2
-    python tools/steps.py check --static-only
+    python -m tools.steps list              # the chapters and what each introduces
+    python -m tools.steps tree 7            # "Files so far: ..." and the minisgl/ tree
+    python -m tools.steps tree 7 --format markdown
+    python -m tools.steps check             # every chapter (plus the static checks)
+    python -m tools.steps check 5 6 --jobs 2
+    python -m tools.steps check --static-only
 
 ``check N`` copies the files of chapters 0..N, plus the infrastructure every chapter may use
 (INFRASTRUCTURE below; ``models/`` is linked, not copied), into ``build/steps/NN/``, then
@@ -16,18 +16,17 @@ copy: an installed (even editable) minisgl cannot fill in a module the chapter h
 introduced yet. When a step fails for that reason, the failure names the file and the
 chapter that introduces it ("chapter 5 reaches forward: ..."). Mains listed in a manifest's
 ``final_mains`` preview the finished engine and run against the full repository instead.
-Every main runs as ``tools/outputs.py`` runs it; the stdout of each successful run is kept
-in ``build/steps/stdout/`` with a fingerprint of what it ran (tools/captured.py), for
-``tools/outputs.py --check --from-steps``.
+Every main runs as ``python -m tools.outputs`` runs it; the stdout of each successful run is
+kept in ``build/steps/stdout/`` with a fingerprint of what it ran (tools/captured.py), for
+``python -m tools.outputs --check --from-steps``.
 
-Importable API (used by the docs hook): load_manifests, files_so_far, render_tree,
-static_problems, Manifest.
+Importable API (the manifest's, from tools/manifest.py, plus the check run): load_manifests,
+files_so_far, render_tree, static_problems, Manifest, build_step, check_chapter, diagnose.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -36,37 +35,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
-
-def _load_sibling(name: str) -> ModuleType:
-    """Import tools/<name>.py by path, leaving sys.path alone (the docs hook imports this
-    file by path too, and tools/ on sys.path would shadow names like `docs`)."""
-    path = Path(__file__).resolve().with_name(f"{name}.py")
-    key = f"_book_tools_{name}_{path.stat().st_mtime_ns}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module  # dataclasses look their module up while it executes
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-if __package__:  # imported as tools.steps
-    from . import manifest as _manifest
-else:  # run as a script, or imported by path
-    _manifest = _load_sibling("manifest")
-if __package__:
-    from . import captured as _captured
-    from . import jobs as _jobs
-else:
-    _captured, _jobs = _load_sibling("captured"), _load_sibling("jobs")
-
-ENGINE, ROOT, Manifest = _manifest.ENGINE, _manifest.ROOT, _manifest.Manifest
-files_so_far, get_manifest = _manifest.files_so_far, _manifest.get_manifest
-introduced_in, load_manifests = _manifest.introduced_in, _manifest.load_manifests
-render_tree, static_problems = _manifest.render_tree, _manifest.static_problems
+from tools import captured
+from tools.jobs import in_order
+from tools.manifest import (
+    ENGINE,
+    ROOT,
+    Manifest,
+    files_so_far,
+    get_manifest,
+    introduced_in,
+    load_manifests,
+    render_tree,
+    static_problems,
+)
 
 __all__ = [
     "Manifest",
@@ -93,7 +75,7 @@ LINKED = ["models"]
 TAIL_LINES = 25  # lines of a failing command's output shown in the report
 
 GUARD = '''\
-# Written by tools/steps.py: this folder is one step of the book's tree. Make
+# Written by `python -m tools.steps`: this folder is one step of the book's tree. Make
 # `import minisgl` (and every minisgl submodule) come from this folder only, so a
 # module the chapter has not introduced yet fails to import even when another copy
 # of minisgl is installed (an editable install would otherwise fill it in).
@@ -106,7 +88,7 @@ _STEP = {step!r}
 
 def _note(fullname):
     """Record a hidden module where $STEP_GUARD_MISSES says (a main's stdout is reused by
-    tools/outputs.py only when its run hid nothing: tools/captured.py)."""
+    `python -m tools.outputs` only when its run hid nothing: tools/captured.py)."""
     path = os.environ.get("STEP_GUARD_MISSES")
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -353,21 +335,21 @@ def _run_commands(
     tops: set[str] = frozenset(),
 ) -> None:
     """Run each command in cwd; on failure explain it (forward reaches need a chapter n).
-    A main (``examples/<name>.py``) runs as tools/outputs.py runs it, and its stdout is
-    kept for ``outputs.py --check --from-steps``, fingerprinted over ``tops`` of cwd."""
+    A main (``examples/<name>.py``) runs as ``python -m tools.outputs`` runs it, and its stdout
+    is kept for ``tools.outputs --check --from-steps``, fingerprinted over ``tops`` of cwd."""
     logs = []
-    misses = cwd / _captured.GUARD_MISSES
+    misses = cwd / captured.GUARD_MISSES
     for label, cmd in commands:
         main = label.startswith("examples/") and label.endswith(".py")
         misses.unlink(missing_ok=True)
-        env = {**_captured.ENV, "STEP_GUARD_MISSES": str(misses)} if main else None
+        env = {**captured.ENV, "STEP_GUARD_MISSES": str(misses)} if main else None
         rc, out, stdout = _run(cmd, cwd, timeout, env)
         if main:
             name = Path(label).stem
             if rc == 0 and not misses.exists():  # it ran, and the guard hid no module from it
-                _captured.save(root, name, stdout, _captured.fingerprint(cwd, tops, root))
+                captured.save(root, name, stdout, captured.fingerprint(cwd, tops, root))
             else:
-                _captured.forget(root, name)
+                captured.forget(root, name)
             misses.unlink(missing_ok=True)
         shown = " ".join("<import each module>" if a == IMPORT_ALL else a for a in cmd)
         logs.append(f"$ {shown}   (cwd {cwd}, exit {rc})\n{out}")
@@ -496,7 +478,7 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
             for p, n in finals
         ]
     outcomes: list[Outcome] = []
-    for out in _jobs.in_order([(fn, ()) for _, fn in jobs], args.jobs):
+    for out in in_order([(fn, ()) for _, fn in jobs], args.jobs):
         outcomes.append(out)
         log = f", log {out.log_path}" if out.log_path and not out.ok else ""
         print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})", flush=True)
@@ -520,7 +502,7 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python tools/steps.py", description=__doc__.split("\n")[0]
+        prog="python -m tools.steps", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,8 +1,8 @@
 """Build docs/upstream_index.json: where each symbol of upstream mini-sglang lives, by line.
 
-    python tools/upstream_index.py                          # from the default local checkout
-    python tools/upstream_index.py --git-dir PATH --commit SHA
-    python tools/upstream_index.py --check                  # fail if the JSON is out of date
+    python -m tools.upstream_index                          # from the default local checkout
+    python -m tools.upstream_index --git-dir PATH --commit SHA
+    python -m tools.upstream_index --check                  # fail if the JSON is out of date
 
 The book links to upstream (`@@upstream scheduler/scheduler.py:Scheduler.normal_loop@@`) with
 permalinks pinned to one commit. This tool reads every `python/minisgl/**/*.py` of that commit
@@ -26,12 +26,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from tools.docs.symbols import symbol_table
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools.docs.symbols import symbol_table  # noqa: E402
-
 DEFAULT_GIT_DIR = Path("/work/.mirror/sgl-project+mini-sglang/repo")
 REPOSITORY = "https://github.com/sgl-project/mini-sglang"
 PACKAGE = "python/minisgl"
@@ -96,7 +93,9 @@ def dumps(index: Dict[str, object]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.upstream_index", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--git-dir", type=Path, default=DEFAULT_GIT_DIR, help="a local clone of upstream"
     )
@@ -116,7 +115,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = dumps(build_index(args.git_dir, commit or "HEAD"))
     if args.check:
         if not args.out.is_file() or args.out.read_text(encoding="utf-8") != text:
-            print(f"{args.out} is out of date: run python tools/upstream_index.py", file=sys.stderr)
+            print(f"{args.out} is out of date: run python -m tools.upstream_index", file=sys.stderr)
             return 1
         print(f"{args.out} is up to date")
         return 0

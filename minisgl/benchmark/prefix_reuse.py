@@ -11,7 +11,7 @@ every prompt token; with the radix cache a request admitted after the system pro
 cached computes only its own part. Requests admitted in the same step as the first one
 cannot hit (nothing is cached yet), so the saving depends on the step budget
 ``--max-extend-tokens``. The outputs of both runs are compared too. Defaults to the tiny
-Qwen3 (models/tiny-qwen3, built by ``python tools/models.py tiny``).
+Qwen3 (models/tiny-qwen3, built by ``python -m tools.models tiny``).
 """
 # output: nondeterministic
 

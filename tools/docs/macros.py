@@ -10,9 +10,10 @@ and admonitions):
                              or module-level name, found with `ast`, decorators included,
                              titled `path · Symbol` and linked to its lines on GitHub
     @@code path@@            the whole file (a chapter's main, say)
-    @@tree@@ / @@tree N@@    the chapter's file tree, from tools/steps.py `render_tree(N)`
+    @@tree@@ / @@tree N@@    the chapter's file tree, drawn by tools/manifest.py `render_tree`
+                             from the manifests under the root (`python -m tools.steps tree N`)
     @@output name@@          the captured stdout of examples/name.py (outputs/name.txt,
-                             written by tools/outputs.py)
+                             written by `python -m tools.outputs`)
     @@exercises@@            the chapter's practice problems and their judge commands
     @@chapters@@             the table of all chapters (docs pages)
     @@practice@@             the table of all practice problems (docs pages)
@@ -29,18 +30,16 @@ the syntax itself.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import posixpath
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .chapters import Chapter, all_exercises, find_exercise, load_chapters
-from .symbols import SymbolError, find_symbol
+from tools import manifest
+from tools.docs.chapters import Chapter, all_exercises, find_exercise, load_chapters
+from tools.docs.symbols import SymbolError, find_symbol
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
 BLOCK_MACROS = {"code", "tree", "output", "exercises", "chapters", "practice"}
@@ -73,7 +72,6 @@ class Context:
     chapter: Optional[Chapter] = None
     mode: str = "site"
     upstream_index: Optional[Dict[str, Any]] = None
-    steps_module: Optional[ModuleType] = None
 
     def where(self) -> str:
         where = self.page or "<page>"
@@ -136,36 +134,11 @@ def _chapter_arg(arg: str, ctx: Context, macro: str) -> Chapter:
     return ctx.chapter
 
 
-def load_steps(root: Path) -> ModuleType:
-    """Import `root/tools/steps.py` (written alongside the book) by path.
-
-    Raises MacroError when it does not exist or does not provide `render_tree`.
-    """
-    path = root / "tools" / "steps.py"
-    if not path.is_file():
-        raise MacroError(f"{path.relative_to(root)} does not exist, so the tree cannot be drawn")
-    name = f"_book_steps_{abs(hash(str(path)))}_{path.stat().st_mtime_ns}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # a broken steps.py must name itself, not crash the build
-        del sys.modules[name]
-        raise MacroError(f"importing tools/steps.py failed: {type(e).__name__}: {e}") from e
-    if not hasattr(module, "render_tree"):
-        raise MacroError("tools/steps.py has no render_tree(n, fmt='markdown')")
-    return module
-
-
 def load_upstream_index(root: Path) -> Dict[str, Any]:
     path = root / "docs" / "upstream_index.json"
     if not path.is_file():
         raise MacroError(
-            "docs/upstream_index.json does not exist (run python tools/upstream_index.py)"
+            "docs/upstream_index.json does not exist (run python -m tools.upstream_index)"
         )
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -210,21 +183,19 @@ def macro_output(arg: str, ctx: Context) -> str:
         raise MacroError("needs the example's name: @@output ch07_scheduler@@")
     path = ctx.root / "outputs" / f"{name}.txt"
     if not path.is_file():
-        raise MacroError(f"outputs/{name}.txt does not exist (run python tools/outputs.py {name})")
+        raise MacroError(f"outputs/{name}.txt does not exist (run python -m tools.outputs {name})")
     body = _ANSI.sub("", path.read_text(encoding="utf-8")).rstrip("\n") or "(it prints nothing)"
     return _fenced(body, "text", f"python examples/{name}.py", ctx.mode)
 
 
 def macro_tree(arg: str, ctx: Context) -> str:
     chapter = _chapter_arg(arg, ctx, "tree")
-    steps = ctx.steps_module or load_steps(ctx.root)
-    try:
-        tree = steps.render_tree(chapter.number, fmt="markdown")
-    except Exception as e:
-        raise MacroError(
-            f"tools/steps.py render_tree({chapter.number}) failed: {type(e).__name__}: {e}"
-        ) from e
-    return str(tree).rstrip("\n")
+    try:  # the manifests are read again on every page: the tree follows edits under serve
+        manifests = manifest.load_manifests(ctx.root)
+        tree = manifest.render_tree(chapter.number, "markdown", manifests)
+    except (OSError, ValueError) as e:  # parse_manifest names the file at fault
+        raise MacroError(f"the tree of chapter {chapter.number}: {e}") from e
+    return tree.rstrip("\n")
 
 
 def macro_upstream(arg: str, ctx: Context) -> str:

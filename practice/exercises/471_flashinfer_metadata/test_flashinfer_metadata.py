@@ -159,7 +159,7 @@ def test_prepare_metadata_indexes_the_padded_batch():
         (p for p in (MODELS / "qwen3-0.6b-shaped", SMOLLM2) if (p / "config.json").is_file()), None
     )
     if path is None:
-        pytest.skip("no bf16 model built: python tools/models.py qwen3-0.6b-shaped")
+        pytest.skip("no bf16 model built: python -m tools.models qwen3-0.6b-shaped")
     engine = Engine(
         EngineConfig(
             str(path),

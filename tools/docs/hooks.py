@@ -1,4 +1,5 @@
-"""mkdocs hooks that turn the repository into the book's site (named in mkdocs.yml `hooks:`).
+"""mkdocs hooks that turn the repository into the book's site (mkdocs.yml `hooks:` names
+mkdocs_hooks.py at the root, which imports these).
 
 * on_config: the nav entry `chapters.md` becomes a "Chapters" section: that page, then one
   group per stage (titles from `extra.stages`) holding each chapter, titled from its
@@ -17,26 +18,18 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 from urllib.parse import quote
 
-CODE_ROOT = Path(__file__).resolve().parents[1]
-if str(CODE_ROOT) not in sys.path:
-    sys.path.insert(0, str(CODE_ROOT))
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
 
-from mkdocs.config.defaults import MkDocsConfig  # noqa: E402
-from mkdocs.exceptions import PluginError  # noqa: E402
-from mkdocs.structure.files import File, Files  # noqa: E402
-from mkdocs.structure.pages import Page  # noqa: E402
-
-from tools.docs.chapters import Chapter, load_chapters  # noqa: E402
-from tools.docs.macros import Context, MacroError, expand, load_upstream_index  # noqa: E402
-from tools.notebooks import build_notebook, notebook_json  # noqa: E402
-
-# Everything from tools/ is imported above, while mkdocs still has this file's folder on
-# sys.path: it restores sys.path once the hook module is loaded.
+from tools.docs.chapters import Chapter, load_chapters
+from tools.docs.macros import Context, MacroError, expand, load_upstream_index
+from tools.notebooks import build_notebook, notebook_json
 
 log = logging.getLogger("mkdocs.plugins.minisgl_book")
 

@@ -1,9 +1,9 @@
 """Teacher-forced logits at tp=1 and tp=N, compared step by step (chapter 16).
 
-    python tools/tp_logits.py --model models/qwen3-0.6b-shaped --tp 2            # GPUs, bf16
-    python tools/tp_logits.py --model models/tiny-qwen3 --tp 2 --device cpu      # gloo, float32
+    python -m tools.diagnostics.tp_logits --model models/qwen3-0.6b-shaped --tp 2  # GPUs, bf16
+    python -m tools.diagnostics.tp_logits --model models/tiny-qwen3 --tp 2 --device cpu  # float32
 
-Comparing served texts (``tools/tp_compare.py``) says little in bf16 when the model's
+Comparing served texts (``tools.diagnostics.tp_compare``) says little in bf16 when the model's
 next-token logits are nearly flat: one rounding difference in the order of a sum picks
 the other of two near-tied tokens, and from there the two runs read different contexts.
 This tool removes that cascade. It drives the engines by hand
@@ -29,25 +29,19 @@ import argparse
 import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Dict, List
 
 import torch
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from tp_compare import PROMPTS  # noqa: E402
-
-from minisgl.benchmark.manual import greedy, place  # noqa: E402
-from minisgl.distributed import DistributedInfo  # noqa: E402
-from minisgl.engine import Engine, EngineConfig  # noqa: E402
-from minisgl.layers.shard import check_tp_size  # noqa: E402
-from minisgl.models import ModelConfig  # noqa: E402
-from minisgl.utils import cached_load_hf_config, check_model_path, div_ceil  # noqa: E402
-from minisgl.utils.mp import new_ipc_dir  # noqa: E402
+from minisgl.benchmark.manual import greedy, place
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import Engine, EngineConfig
+from minisgl.layers.shard import check_tp_size
+from minisgl.models import ModelConfig
+from minisgl.utils import cached_load_hf_config, check_model_path, div_ceil
+from minisgl.utils.mp import new_ipc_dir
+from tools.diagnostics.tp_compare import PROMPTS
 
 
 def _rank_main(
@@ -136,11 +130,14 @@ def compare(ref: dict, other: dict, tp: int, tolerance: float) -> bool:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.diagnostics.tp_logits", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "--model",
         default="models/qwen3-0.6b-shaped",
-        help="a local model folder (default: %(default)s, built by tools/models.py qwen3-0.6b-shaped)",
+        help="a local model folder (default: %(default)s, built by "
+        "python -m tools.models qwen3-0.6b-shaped)",
     )
     p.add_argument(
         "--tp", type=int, default=2, help="ranks to compare with tp=1 (default: %(default)s)"

@@ -1,10 +1,10 @@
 """One command for the GPU session: every GPU path of stage 4, with PASS/FAIL lines.
 
-    python tools/gpu_check.py                  # environment, models, tests, quick benchmarks
-    python tools/gpu_check.py --only tests     # the @pytest.mark.gpu tests of chapters 17-21
-    python tools/gpu_check.py --only bench     # decode step times + a short offline run
-    python tools/gpu_check.py --only full      # the issue's benchmark: 256 requests, HF beside it
-    python tools/gpu_check.py --only matrix    # the same workload: overlap on/off x radix/naive
+    python -m tools.diagnostics.gpu_check                # environment, models, tests, benchmarks
+    python -m tools.diagnostics.gpu_check --only tests   # the @pytest.mark.gpu tests of ch. 17-21
+    python -m tools.diagnostics.gpu_check --only bench   # decode step times + a short offline run
+    python -m tools.diagnostics.gpu_check --only full    # 256 requests, transformers beside it
+    python -m tools.diagnostics.gpu_check --only matrix  # the same: overlap on/off x radix/naive
 
 What it does, in order (each part in its own process, so one crash does not hide the rest):
 
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import List
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("MINISGL_MODELS_DIR", ROOT / "models"))
 SHAPED = MODELS / "qwen3-0.6b-shaped"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
@@ -102,7 +102,7 @@ def check_models(timeout: int) -> None:
     print("\n== models", flush=True)
     if not (SHAPED / "config.json").is_file():
         res = run(
-            [sys.executable, "tools/models.py", "qwen3-0.6b-shaped"],
+            [sys.executable, "-m", "tools.models", "qwen3-0.6b-shaped"],
             timeout,
             "models: build qwen3-0.6b-shaped",
         )
@@ -120,7 +120,7 @@ def check_models(timeout: int) -> None:
         line(
             "SKIP",
             "models: SmolLM2-135M-Instruct",
-            "not converted: python tools/models.py smollm2 --gguf PATH (its GPU tests will skip)",
+            "not converted: python -m tools.models smollm2 --gguf PATH (its GPU tests will skip)",
         )
 
 
@@ -238,7 +238,9 @@ def check_full(timeout: int, flag: str) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.diagnostics.gpu_check", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "--only",
         choices=["env", "models", "tests", "bench", "full", "matrix"],

@@ -1,15 +1,15 @@
 """Serve the same greedy prompts at tp=1 and at tp=N and compare the texts (chapter 16).
 
-    python tools/tp_compare.py --model models/qwen3-0.6b-shaped --tp 2          # GPUs, FlashInfer
-    python tools/tp_compare.py --model models/tiny-qwen3 --tp 2 --device cpu    # gloo
-    python tools/tp_compare.py --tp 2 --dtype float32   # GPUs, NCCL, float32: texts must be equal
+    python -m tools.diagnostics.tp_compare --model models/qwen3-0.6b-shaped --tp 2  # GPUs
+    python -m tools.diagnostics.tp_compare --model models/tiny-qwen3 --tp 2 --device cpu  # gloo
+    python -m tools.diagnostics.tp_compare --tp 2 --dtype float32   # NCCL, float32: texts equal
 
 Each server is ``python -m minisgl`` on a free loopback port; the prompts are sent at once
 (so they are batched) with temperature 0 and ``ignore_eos``. Prints, per prompt, whether
 the texts are equal and, if not, the first differing character. In bf16 on GPUs a split
 reduction can flip a near-tie, and with flat logits (seeded weights) that happens early:
-``tools/tp_logits.py`` then compares the logits step by step instead. Exit status 1 if
-any text differs.
+``tools.diagnostics.tp_logits`` then compares the logits step by step instead. Exit status 1
+if any text differs.
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ from typing import List
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from minisgl.server.local import start_server, stop_server, wait_ready  # noqa: E402
+from minisgl.server.local import start_server, stop_server, wait_ready
 
 PROMPTS = [
     "The capital of France is",
@@ -80,7 +77,9 @@ def serve_and_generate(args: argparse.Namespace, tp: int) -> List[str]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.diagnostics.tp_compare", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", default="models/qwen3-0.6b-shaped")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--device", default=None)

@@ -1,0 +1,1 @@
+"""The practice judge (``judgelib``) and its exercises; run it as ``python practice/judge.py``."""
