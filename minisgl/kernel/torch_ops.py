@@ -1,9 +1,9 @@
 """Reference implementations, in plain torch, of the few kernels the model needs.
 
 They run everywhere and are written to round exactly as Hugging Face ``transformers``
-does, so CPU float32 runs match it token for token. On CUDA, chapter 17 swaps in
-FlashInfer's fused kernels and chapter 19 custom ones (the table in ``minisgl.kernel``
-picks); these stay the reference that those are tested against.
+does, so CPU float32 runs match it token for token. On CUDA, later chapters add faster
+kernels for the same ops (the table in ``minisgl.kernel`` picks one per call); these stay
+the reference that those are tested against.
 """
 
 from __future__ import annotations
