@@ -3,8 +3,8 @@ a tiny KV pool makes the cache evict its least recently used, unreferenced leave
 
 Four rounds of requests run through SmolLM2 with the radix cache, for page sizes 1 and 4;
 each prefill prints how much of the prompt was matched in the cache and how much was
-computed, then the tree's size; evictions are printed as they happen. Every output is
-compared with Hugging Face.
+computed, then the tree's size; evictions are printed as they happen, each node in the
+order it was evicted. Every output is compared with Hugging Face.
 
     python examples/ch09_radix_cache.py [--model PATH] [--device cpu|cuda]
 """
@@ -96,10 +96,11 @@ for P in [1, 4]:
         before = list(cache._nodes())
         freed = original(size)
         left = {id(n) for n in cache._nodes()}
-        gone = [repr(tokenizer.decode(n.key)) for n in before if id(n) not in left]
+        rank = {int(slot): i for i, slot in enumerate(freed.tolist())}  # freed: in evict order
+        gone = sorted((n for n in before if id(n) not in left), key=lambda n: rank[int(n.value[0])])
+        names = ", ".join(repr(tokenizer.decode(n.key)) for n in gone)
         print(
-            f"    evict: asked for {size} tokens, freed {len(freed)}: the least recently used "
-            f"unreferenced leaves {', '.join(gone)}"
+            f"    evict: asked for {size} tokens, freed {len(freed)}, leaves in eviction order: {names}"
         )
         return freed
 

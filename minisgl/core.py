@@ -158,9 +158,9 @@ class Context:
     The attention layer needs the current batch, the KV pool and the attention backend;
     threading them through every ``forward`` would clutter each model file, so the engine
     keeps one ``Context`` and publishes it with ``set_global_ctx`` (the one global the book
-    keeps, as upstream does). ``page_table`` is ``[max_running_req + 1, max_seq_len]``
-    int32: entry ``[row, pos]`` is the KV-pool slot of token ``pos`` of the request in
-    ``row`` (slots are token indices even when ``P`` > 1).
+    keeps, as upstream does). ``page_table`` is ``[max_running_req + 1, C]`` int32, with
+    ``C = align_up(max_seq_len, 32)``: entry ``[row, pos]`` is the KV-pool slot of token
+    ``pos`` of the request in ``row`` (slots are token indices even when ``P`` > 1).
     """
 
     page_size: int

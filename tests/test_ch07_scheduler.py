@@ -63,22 +63,51 @@ def test_outputs_equal_hf_greedy(which, request):
     llm.shutdown()
 
 
-def test_requests_with_different_lengths_leave_and_join(smollm2_path):
-    """Short requests leave the batch first while the rest carry on; a later generate's
-    requests join afterwards, and every table row and KV page comes back."""
+def feed_on_arrival(llm, arrivals, steps):
+    """Hand prompt ``i`` (uid ``i``: the LLM's first generate) to the scheduler only from step
+    ``arrivals[i]`` on, as a server's socket would; ``steps`` (filled by ``trace``) is the clock.
+    Returns the original ``receive_msg``."""
+    original = llm.receive_msg
+
+    def receive(blocking=False):
+        due = sum(step <= len(steps) for step in arrivals) - llm.counter
+        if blocking and due == 0 and llm.pending_requests:
+            due = 1  # nothing runs: a server would block until the next request comes
+        later = llm.pending_requests[due:]
+        llm.pending_requests = llm.pending_requests[:due]
+        msgs = original(blocking)
+        llm.pending_requests += later
+        return msgs
+
+    llm.receive_msg = receive
+    return original
+
+
+def test_requests_join_a_running_batch_and_leave_it_when_done(smollm2_path):
+    """The chapter's trace (examples/ch07_scheduler.py): a request that arrives while others
+    decode is prefilled at once and joins their batch; a request leaves the step its last
+    token is sampled; a second generate's uids keep counting; every row and page comes back."""
     llm = build_llm(smollm2_path)
     steps = trace(llm)
-    lengths = [3, 12, 7, 1, 9]
+    lengths, arrivals = [6, 3, 5, 1, 2], [0, 0, 2, 4, 4]
+    original_receive = feed_on_arrival(llm, arrivals, steps)
     out = llm.generate(PROMPTS, [greedy(n) for n in lengths])
-    ref = hf_greedy(smollm2_path, PROMPTS, 12)
+    ref = hf_greedy(smollm2_path, PROMPTS, max(lengths))
     assert [o["token_ids"] for o in out] == [r[:n] for r, n in zip(ref, lengths)]
-    assert steps[0] == ("prefill", [0, 1, 2, 3, 4])
-    decode_sizes = [len(uids) for phase, uids in steps[1:]]
-    assert decode_sizes == sorted(decode_sizes, reverse=True) and decode_sizes[-1] == 1
-    assert 3 not in steps[1][1]  # max_tokens=1: done at prefill, never decodes
+    assert steps == [
+        ("prefill", [0, 1]),
+        ("decode", [0, 1]),
+        ("prefill", [2]),  # uid2 arrives: prefill first, the decoders wait one step
+        ("decode", [0, 1, 2]),  # ... and then it decodes with them
+        ("prefill", [3, 4]),  # uid1 has its 3 tokens; uid3 gets its only token here
+        ("decode", [0, 2, 4]),
+        ("decode", [0, 2]),  # uid4 has its 2 tokens
+        ("decode", [0, 2]),
+    ]
     assert llm.table_manager.available_size == 8
     assert llm.cache_manager.num_free_pages == llm.engine.num_pages
 
+    llm.receive_msg = original_receive
     second = llm.generate(PROMPTS[:2], greedy(4))
     assert [o["token_ids"] for o in second] == [r[:4] for r in ref[:2]]
     assert steps[-4] == ("prefill", [5, 6])  # uids keep counting

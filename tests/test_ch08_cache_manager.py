@@ -114,14 +114,14 @@ def test_admission_keeps_room_for_the_decoding_requests(P):
 @pytest.mark.parametrize("P", [4, 16])
 def test_requests_admitted_together_fit_in_whole_pages(P):
     """Four one-token prompts with max_tokens 1 need 2 tokens each, 8 in all, but a page
-    each: a pool of two pages takes two of them, not four (engine fix: each admitted
-    request also reserves P - 1 tokens of slack)."""
+    each: a pool of two pages takes two of them, not four (each admitted request also
+    reserves P - 1 tokens of slack)."""
     prefill, cache, _, decode = managers(num_pages=2, page_size=P)
     for uid in range(4):
         prefill.add_one_req(user(uid, 1, 1))
     batch = prefill.schedule_next_batch(1000)
     assert [r.uid for r in batch.reqs] == [0, 1]
-    cache.allocate_paged(batch.reqs)  # raised "out of KV pages" before the fix
+    cache.allocate_paged(batch.reqs)  # four admitted would need four pages: it would raise
     assert cache.num_free_pages == 0
 
 

@@ -39,7 +39,8 @@ class RequestStatus:
 
 
 class LLM(Scheduler):
-    """``LLM(model_path, dtype=torch.float32, device="cpu", tp=1, **scheduler_options)``.
+    """``LLM(model_path, dtype=torch.bfloat16, tp=1, **scheduler_options)``; the options are
+    ``SchedulerConfig`` fields (``device``, ``max_running_req``, ``cache_type``, ...).
 
     With ``tp > 1`` this process is rank 0 of a tensor-parallel group and spawns the other
     ranks (``minisgl.llm.tp``, chapter 16); on CUDA rank ``r`` uses GPU ``r``. Call

@@ -45,7 +45,7 @@ class ForwardInput(NamedTuple):
     batch: Batch
     sample_args: BatchSamplingArgs
     input_tuple: Indice2D  # (row, position) of every input token in the token pool
-    write_tuple: Indice2D  # (row, device_len) where each sampled token goes; column -1: nowhere
+    write_tuple: Indice2D  # (row, device_len) where each sampled token goes; -1: the last column
 
 
 ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
@@ -244,9 +244,8 @@ class Scheduler(SchedulerIOMixin):
         return self._prepare_batch(batch) if batch else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        self.engine.graph_runner.pad_batch(
-            batch
-        )  # decode under CUDA graphs: pad with dummies (ch. 18)
+        # a decode batch under CUDA graphs is padded with dummy requests (chapter 18)
+        self.engine.graph_runner.pad_batch(batch)
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
         input_tuple = _make_input_tuple(batch, self.device)
@@ -289,8 +288,8 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
     """Where each sampled token goes: ``token_pool[table_idx, device_len]``.
 
     ``device_len`` is read before ``forward_batch`` increments it, so it is exactly the new
-    token's position. Column -1 (the last, never a real position) for a chunk or a request
-    that has reached its length: their sample is not an input of any later step.
+    token's position. Column -1 (the row's last) for a request that cannot decode, in
+    practice a chunk: nothing reads that sample, as a position is written before it is an input.
     """
     rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
     cols = torch.tensor(

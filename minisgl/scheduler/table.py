@@ -12,7 +12,7 @@ import torch
 
 class TableManager:
     """Hands out rows (``table_idx``) of two device tables of the same shape
-    ``[max_running_req + 1, max_seq_len]``:
+    ``[max_running_req + 1, align_up(max_seq_len, 32)]`` (the engine pads the columns):
 
     * ``page_table[row, pos]`` — the KV slot of token ``pos`` (owned by the engine);
     * ``token_pool[row, pos]`` — the token id at ``pos``, so a step's input can be gathered
