@@ -67,7 +67,7 @@ def paged_kv_index(
 ) -> PagedKVIndex:
     """Derive FlashInfer's paged-KV index of ``reqs`` from the page table.
 
-    ``page_table: [rows, max_seq_len]`` int32 token slots; each request reads its row
+    ``page_table: [rows, align_up(max_seq_len, 32)]`` int32 token slots; each request reads its row
     ``table_idx`` up to ``device_len`` (this step's tokens included: the backend stores
     them before attending). ``pin`` puts the CPU tensors in pinned memory, so the copies
     ``plan`` starts are asynchronous.
