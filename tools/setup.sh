@@ -2,7 +2,7 @@
 # Install what the book needs, once. Safe to run again: it returns in a second or two when
 # everything is in place, and never reinstalls what pip already considers satisfied.
 #
-#   bash tools/setup.sh            # torch (CPU wheel, only if missing) + pip install -e '.[dev,docs]'
+#   bash tools/setup.sh            # torch (only if missing: see below) + pip install -e '.[dev,docs]'
 #   EXTRAS=dev,docs,gpu bash tools/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +10,28 @@ PY="${PYTHON:-python}"
 EXTRAS="${EXTRAS:-dev,docs}"
 
 # torch first, and pinned: an unpinned `pip install torch` (or any package that pulls it in)
-# on a machine without torch fetches a multi-GB CUDA build. 2.13.0 is the CPU wheel that
-# lies on local disk here; any torch that already imports is kept as it is.
+# on a machine without torch fetches PyPI's build, which on Linux is the multi-GB CUDA one.
+# So, only when no torch imports: the CPU build from PyTorch's own CPU index when that index
+# answers within a few seconds; otherwise torch==2.13.0 from pip's configured indexes (a
+# local CPU wheel on a machine that has one; on stock Linux, PyPI's CUDA build). A torch
+# that already imports (a CUDA build on a GPU machine, say) is kept as it is.
+TORCH_VERSION="2.13.0"
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+cpu_index_answers() {  # an answer within 5 s; `timeout` also bounds a hanging DNS look-up
+    local probe=("$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)'
+                 "$TORCH_CPU_INDEX/torch/")
+    if command -v timeout >/dev/null 2>&1; then probe=(timeout 10 "${probe[@]}"); fi
+    "${probe[@]}" >/dev/null 2>&1
+}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-    echo "[setup] torch missing: pip install torch==2.13.0"
-    "$PY" -m pip install "torch==2.13.0"
+    if cpu_index_answers; then
+        echo "[setup] torch missing: pip install torch==$TORCH_VERSION from PyTorch's CPU index"
+        "$PY" -m pip install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
+    else
+        echo "[setup] torch missing and PyTorch's CPU index ($TORCH_CPU_INDEX) does not answer:"
+        echo "[setup] pip install torch==$TORCH_VERSION from pip's own indexes (stock Linux: the CUDA build)"
+        "$PY" -m pip install "torch==$TORCH_VERSION"
+    fi
 fi
 
 # Is the project installed, editable, from *this* folder, with every requirement of the

@@ -21,8 +21,8 @@ cached tokens by hand (consecutive pages, zero KV), then times ``--steps`` steps
 out): at batch 1 the step's time follows this count more than its bytes (chapter 19).
 
 The KV written by each step goes to the same slot every time, so the context stays fixed.
-Mirrors upstream ``minisgl.benchmark.perf`` (kernel timing) and the decode numbers of
-upstream's README.
+Mirrors upstream ``minisgl.benchmark.perf`` (kernel timing); upstream's README reports
+offline and online throughput, no decode step time.
 """
 
 from __future__ import annotations
