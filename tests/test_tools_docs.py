@@ -110,11 +110,11 @@ def project(tmp_path: Path) -> Path:
     write(
         tmp_path / "practice" / "exercises" / "191_prefill_adder" / "problem.md",
         """\
-        ---
-        title: "PrefillAdder: admission control"
-        chapter: 7
-        difficulty: medium
-        ---
+        +++
+        title = "PrefillAdder: admission control"
+        chapter = 7
+        difficulty = "medium"
+        +++
         # 191. PrefillAdder
 
         Write it.
