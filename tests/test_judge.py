@@ -266,6 +266,25 @@ def test_start_list_and_status(toy):
     assert (toy / "minisgl" / "toy.py").read_text() == TOY
 
 
+def test_list_is_in_chapter_order(toy):
+    rewrite(
+        toy / "practice" / "exercises" / "901_toy_add" / "problem.md",
+        {"chapter = 0": "chapter = 8"},
+    )
+    ex = toy / "practice" / "exercises" / "899_toy_later"
+    ex.mkdir()
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id = 901", "id = 899").replace("chapter = 0", "chapter = 11")
+    )
+    ex = toy / "practice" / "exercises" / "905_toy_early"
+    ex.mkdir()
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id = 901", "id = 905").replace("chapter = 0", "chapter = 2")
+    )
+    rows = judge(toy, "list").stdout.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == ["905", "901", "899"], rows
+
+
 def test_a_missing_file_is_named_with_the_right_advice(toy):
     out = judge(toy, "901", "--file", str(toy / "nope.py"))
     assert (

@@ -323,6 +323,20 @@ def test_chapters_and_practice_tables(project):
     assert "| 191 | [PrefillAdder: admission control]" in out.text
 
 
+def test_the_practice_table_is_in_chapter_order(project):
+    write(
+        project / "chapters" / "ch05_early" / "chapter.toml", 'title = "Early"\nexercises = [281]\n'
+    )
+    write(
+        project / "practice" / "exercises" / "281_cache" / "problem.md",
+        '+++\ntitle = "A later id in an earlier chapter"\nchapter = 5\n+++\n',
+    )
+    out = expand("@@practice@@", Context(root=project, repo_url=REPO, page="judge.md"))
+    assert out.errors == [], out.errors
+    ids = [line.split("|")[1].strip() for line in out.text.splitlines()[2:]]
+    assert ids == ["281", "191"]
+
+
 # ------------------------------------------------------------------ the mkdocs build
 
 

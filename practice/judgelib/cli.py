@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         "--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)"
     )
     sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("list", help="exercises and your progress")
+    sub.add_parser("list", help="exercises in chapter order, and your progress")
     s = sub.add_parser(
         "start", help="write the starter into practice/workspace/ and show the statement"
     )
@@ -81,7 +81,9 @@ def cmd_list(root: Path) -> int:
             "GPU" if p.gpu else "CPU ok",
             status.get(str(p.id), {}).get("status", "not started").replace("_", " "),
         )
-        for p in P.load_all(root / "practice" / "exercises")
+        for p in sorted(
+            P.load_all(root / "practice" / "exercises"), key=lambda p: (p.chapter, p.id)
+        )
     ]
     head = ("id", "title", "chapter", "difficulty", "device", "status")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
