@@ -47,21 +47,19 @@ class Counter:
         return self.value
 '''
 
-STARTER = TOY.replace("return a + b", 'raise NotImplementedError("Exercise 901: add two numbers")')
-
 PROBLEM = """\
----
-id: 901
-title: "Toy: add"
-chapter: 0
-difficulty: easy
-module: minisgl/toy.py
-symbols: [add]
-tests: [tests/test_ch00_toy.py]
-gpu: false
-time_limit: 2
-total_time_limit: 30
----
++++
+id = 901
+title = "Toy: add"
+chapter = 0
+difficulty = "easy"
+module = "minisgl/toy.py"
+symbols = ["add"]
+tests = ["tests/test_ch00_toy.py"]
+gpu = false
+time_limit = 2
+total_time_limit = 30
++++
 Implement `add`.
 
 ## Hints
@@ -114,9 +112,20 @@ def toy(tmp_path: Path) -> Path:
     ex = root / "practice" / "exercises" / "901_toy_add"
     ex.mkdir(parents=True)
     (ex / "problem.md").write_text(PROBLEM)
-    (ex / "starter.py").write_text(STARTER)
     (ex / "test_toy_add.py").write_text(OWN_TESTS)
     return root
+
+
+# an exercise whose starter passes: its tests never call the one body it blanks out
+UNSOUND = {'symbols = ["add"]': 'symbols = ["Counter.bump"]', '"tests/test_ch00_toy.py"': ""}
+
+
+def rewrite(path: Path, changes: dict) -> None:
+    text = path.read_text()
+    for old, new in changes.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
 
 
 def judge(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -160,10 +169,12 @@ def test_wrong_answer_shows_the_values_and_the_keyed_hint(toy):
     assert "Hint: one plus two is three." in out.stdout
 
 
-def test_untouched_starter_is_a_runtime_error(toy):
-    out = judge_source(toy, STARTER)
+def test_untouched_starter_is_a_runtime_error_with_the_placeholder_hint(toy):
+    assert "wrote practice/workspace/901_toy_add.py" in judge(toy, "start", "901").stdout
+    out = judge_source(toy, (toy / "practice" / "workspace" / "901_toy_add.py").read_text())
     assert "Verdict: Runtime error · 1 / 4 cases" in out.stdout
-    assert "NotImplementedError: Exercise 901: add two numbers" in out.stdout
+    assert "NotImplementedError: Exercise 901: implement add" in out.stdout
+    assert "Hint: this is still the starter's placeholder: implement add" in out.stdout
 
 
 def test_infinite_loop_is_killed_at_the_case_limit(toy):
@@ -229,18 +240,53 @@ def test_two_judges_side_by_side_do_not_interfere(toy):
     assert "Verdict: Accepted" in good and "Verdict: Wrong answer" in bad
 
 
-def test_start_list_and_status(toy):
+def test_start_writes_the_starter_made_from_the_engine_module(toy):
     out = judge(toy, "start", "901")
-    assert (
-        "wrote practice/workspace/901_toy_add.py" in out.stdout and "Implement `add`." in out.stdout
+    assert "wrote practice/workspace/901_toy_add.py, made from minisgl/toy.py" in out.stdout
+    assert "Implement `add`." in out.stdout and "one plus two" not in out.stdout  # no hints
+    written = (toy / "practice" / "workspace" / "901_toy_add.py").read_text()
+    assert written == TOY.replace(
+        "    return a + b", '    raise NotImplementedError("Exercise 901: implement add")'
     )
-    assert "one plus two" not in out.stdout  # hints stay hidden
+
+
+def test_start_names_a_symbol_the_engine_no_longer_has(toy):
+    (toy / "minisgl" / "toy.py").write_text(TOY.replace("def add(", "def plus("))
+    out = judge(toy, "start", "901")
+    assert out.returncode == 3, out.stdout
+    assert "cannot write the starter: exercise 901: add is not defined in minisgl/toy.py" in (
+        out.stdout
+    )
+    assert not (toy / "practice" / "workspace" / "901_toy_add.py").exists()
+
+
+def test_start_list_and_status(toy):
+    judge(toy, "start", "901")
     assert "started" in judge(toy, "list").stdout
     (toy / "practice" / "workspace" / "901_toy_add.py").write_text(TOY)
     assert "exists; keeping it" in judge(toy, "start", "901").stdout  # never overwrites
     assert judge(toy, "901", "--device", "cpu").returncode == 0
     assert "accepted" in judge(toy, "list").stdout
     assert (toy / "minisgl" / "toy.py").read_text() == TOY
+
+
+def test_list_is_in_chapter_order(toy):
+    rewrite(
+        toy / "practice" / "exercises" / "901_toy_add" / "problem.md",
+        {"chapter = 0": "chapter = 8"},
+    )
+    ex = toy / "practice" / "exercises" / "899_toy_later"
+    ex.mkdir()
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id = 901", "id = 899").replace("chapter = 0", "chapter = 11")
+    )
+    ex = toy / "practice" / "exercises" / "905_toy_early"
+    ex.mkdir()
+    (ex / "problem.md").write_text(
+        PROBLEM.replace("id = 901", "id = 905").replace("chapter = 0", "chapter = 2")
+    )
+    rows = judge(toy, "list").stdout.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == ["905", "901", "899"], rows
 
 
 def test_a_missing_file_is_named_with_the_right_advice(toy):
@@ -258,20 +304,74 @@ def test_solution_asks_first(toy):
     assert "minisgl/toy.py:4-6" in out.stdout
 
 
-def test_check_passes_on_a_sound_exercise_and_reports_drift(toy):
+def test_check_passes_on_a_sound_exercise(toy):
     out = judge(toy, "check", "--device", "cpu")
     assert out.returncode == 0 and "✓ sound" in out.stdout, out.stdout
-    ex = toy / "practice" / "exercises" / "901_toy_add"
-    (ex / "starter.py").write_text(STARTER.replace("by: int = 1", "by: int = 2"))
+    assert (
+        "    starter                              Runtime error 0/4 at test_add_small" in out.stdout
+    )
+
+
+def test_check_names_a_symbol_the_engine_no_longer_has(toy):
+    (toy / "minisgl" / "toy.py").write_text(TOY.replace("def add(", "def plus("))
     out = judge(toy, "check", "901", "--device", "cpu")
     assert out.returncode == 1
-    assert "Counter.bump: signature differs" in out.stdout and "by: int = 2" in out.stdout
+    assert "✗ no starter: exercise 901: add is not defined in minisgl/toy.py" in out.stdout
 
 
 def test_check_fails_when_the_starter_passes(toy):
-    (toy / "practice" / "exercises" / "901_toy_add" / "starter.py").write_text(TOY)
+    rewrite(toy / "practice" / "exercises" / "901_toy_add" / "problem.md", UNSOUND)
     out = judge(toy, "check", "901", "--device", "cpu")
     assert out.returncode == 1 and "starter is accepted but must fail" in out.stdout
+
+
+WRONG_ANSWER = """\
+about = "subtracts"
+expect = "test_add_small"
+
+[[replace]]
+old = "return a + b"
+new = "return a - b"
+"""
+
+
+def test_check_proves_a_wrong_answer_fails_where_it_says(toy):
+    broken = toy / "practice" / "exercises" / "901_toy_add" / "broken"
+    broken.mkdir()
+    (broken / "subtracts.toml").write_text(WRONG_ANSWER)
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 0, out.stdout
+    assert "broken/subtracts.toml                Wrong answer 0/4 at test_add_small" in out.stdout
+    (broken / "subtracts.toml").write_text(WRONG_ANSWER.replace("small", "negative"))
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert "broken/subtracts.toml should fail first at test_add_negative, failed first at " in (
+        out.stdout
+    )
+
+
+def test_check_wants_the_verdict_a_wrong_answer_names(toy):
+    broken = toy / "practice" / "exercises" / "901_toy_add" / "broken"
+    broken.mkdir()
+    (broken / "raises.toml").write_text(
+        WRONG_ANSWER.replace('"test_add_small"', '"test_add_small"\nverdict = "Runtime error"')
+    )
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert "broken/raises.toml should get Runtime error, got Wrong answer" in out.stdout
+
+
+def test_check_reports_a_wrong_answer_the_engine_outgrew(toy):
+    broken = toy / "practice" / "exercises" / "901_toy_add" / "broken"
+    broken.mkdir()
+    (broken / "subtracts.toml").write_text(WRONG_ANSWER)
+    (toy / "minisgl" / "toy.py").write_text(TOY.replace("return a + b", "return b + a"))
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert (
+        "broken/subtracts.toml: replacement 1 no longer applies: its old text (starting "
+        "'return a + b') occurs 0 times in minisgl/toy.py, not once" in out.stdout
+    )
 
 
 GPU_OWN_TESTS = """\
@@ -296,15 +396,14 @@ def test_add_on_the_gpu():
 
 @pytest.fixture
 def toy_gpu(toy: Path) -> Path:
-    """Exercise 902: ``gpu: true``, one CPU case and one CUDA-only case."""
+    """Exercise 902: ``gpu = true``, one CPU case and one CUDA-only case."""
     ex = toy / "practice" / "exercises" / "902_toy_gpu"
     ex.mkdir()
     (ex / "problem.md").write_text(
-        PROBLEM.replace("id: 901", "id: 902")
-        .replace("gpu: false", "gpu: true")
+        PROBLEM.replace("id = 901", "id = 902")
+        .replace("gpu = false", "gpu = true")
         .replace("Toy: add", "Toy: add on a GPU")
     )
-    (ex / "starter.py").write_text(STARTER.replace("Exercise 901", "Exercise 902"))
     (ex / "test_toy_gpu.py").write_text(GPU_OWN_TESTS)
     return toy
 
@@ -317,14 +416,10 @@ def test_check_without_cuda_only_partly_checks_a_gpu_exercise(toy_gpu):
     assert "(1 GPU cases skipped)" in out.stdout  # its CPU case ran, engine and starter
     assert "checked 0, failed 0 , partly checked without a GPU (not judged) [902]" in out.stdout
     ex = toy_gpu / "practice" / "exercises" / "902_toy_gpu"
-    (ex / "starter.py").write_text(
-        STARTER.replace("Exercise 901", "Exercise 902").replace("by: int = 1", "by: int = 2")
-    )
+    rewrite(ex / "problem.md", {'symbols = ["add"]': 'symbols = ["add", "nope"]'})
     out = judge(toy_gpu, "check", "902", "--device", "cpu")
-    assert (
-        out.returncode == 1 and "Counter.bump: signature differs" in out.stdout
-    )  # static checks still bite
-    (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 902: add")\n')
+    assert out.returncode == 1 and "nope is not defined" in out.stdout  # static checks still bite
+    rewrite(ex / "problem.md", {'symbols = ["add", "nope"]': 'symbols = ["Counter.bump"]'})
     out = judge(toy_gpu, "check", "902", "--device", "cpu")
     assert (
         out.returncode == 1 and "starter is accepted but must fail" in out.stdout
@@ -350,9 +445,9 @@ def test_check_with_jobs_prints_the_same_report_and_verdicts_as_one_at_a_time(to
     ex = toy_gpu / "practice" / "exercises" / "903_toy_unsound"
     ex.mkdir()
     (ex / "problem.md").write_text(
-        PROBLEM.replace("id: 901", "id: 903").replace("Toy: add", "Toy: unsound")
+        PROBLEM.replace("id = 901", "id = 903").replace("Toy: add", "Toy: unsound")
     )
-    (ex / "starter.py").write_text(TOY + '# was: raise NotImplementedError("Exercise 903: add")\n')
+    rewrite(ex / "problem.md", UNSOUND)
     (ex / "test_toy_add.py").write_text(OWN_TESTS)
     one = judge(toy_gpu, "check", "--device", "cpu", timeout=300)
     two = judge(toy_gpu, "check", "--device", "cpu", "--jobs", "2", timeout=300)
@@ -373,14 +468,22 @@ def test_doctor_runs(toy):
     assert out.returncode == 0 and "Python" in out.stdout and "901" in out.stdout
 
 
-def test_real_exercises_are_complete_and_match_the_engine():
+def test_real_exercises_make_starters_that_match_the_engine():
+    from practice.judgelib import broken
+    from practice.judgelib.starter import placeholder, starter_source
+
     exercises = load_all(REPO / "practice" / "exercises")
     for p in exercises:
-        assert p.starter.is_file() and p.own_tests, p.dir
-        assert (REPO / p.module).is_file(), f"{p.id}: {p.module} missing"
-        problems, _ = drift(p.starter, REPO / p.module)
+        assert p.own_tests, p.dir
+        starter = starter_source(REPO, p)  # every symbol is in the engine module
+        compile(starter, p.module, "exec")
+        engine = (REPO / p.module).read_text()
+        problems, _ = drift(starter, engine)
         assert not problems, f"{p.id}: starter drifted from {p.module}:\n" + "\n".join(problems)
-        assert f'NotImplementedError("Exercise {p.id}' in p.starter.read_text()
+        for symbol in p.symbols:
+            assert placeholder(p.id, symbol) in starter
+        for path in p.wrong_answers:
+            assert broken.load(path).apply(engine, p.module) != engine  # still applies
 
 
 def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
@@ -400,11 +503,11 @@ def test_191_engine_passes_and_starter_and_known_wrong_answers_fail():
         "Accepted",
         "starter ",
         "Runtime error",
-        "past_kv_limit.json",
+        "past_kv_limit.toml",
         "at test_refuses_a_request_past_the_kv_limit",
-        "skips_misfit.json",
+        "skips_misfit.toml",
         "at test_queue_stops_at_the_first_request_that_does_not_fit",
-        "forgets_decode_reservation.json",
+        "forgets_decode_reservation.toml",
         "at test_queue_keeps_the_decode_reservation",
     ):
         assert line in out.stdout, out.stdout

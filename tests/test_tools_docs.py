@@ -110,11 +110,11 @@ def project(tmp_path: Path) -> Path:
     write(
         tmp_path / "practice" / "exercises" / "191_prefill_adder" / "problem.md",
         """\
-        ---
-        title: "PrefillAdder: admission control"
-        chapter: 7
-        difficulty: medium
-        ---
+        +++
+        title = "PrefillAdder: admission control"
+        chapter = 7
+        difficulty = "medium"
+        +++
         # 191. PrefillAdder
 
         Write it.
@@ -314,6 +314,20 @@ def test_chapters_and_practice_tables(project):
         in out.text
     )
     assert "| 191 | [PrefillAdder: admission control]" in out.text
+
+
+def test_the_practice_table_is_in_chapter_order(project):
+    write(
+        project / "chapters" / "ch05_early" / "chapter.toml", 'title = "Early"\nexercises = [281]\n'
+    )
+    write(
+        project / "practice" / "exercises" / "281_cache" / "problem.md",
+        '+++\ntitle = "A later id in an earlier chapter"\nchapter = 5\n+++\n',
+    )
+    out = expand("@@practice@@", Context(root=project, repo_url=REPO, page="judge.md"))
+    assert out.errors == [], out.errors
+    ids = [line.split("|")[1].strip() for line in out.text.splitlines()[2:]]
+    assert ids == ["281", "191"]
 
 
 # ------------------------------------------------------------------ the mkdocs build

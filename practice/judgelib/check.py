@@ -1,19 +1,18 @@
 """`judge.py check`: the maintainer's proof that every exercise is sound.
 
-For each exercise: starter and engine module have the same public signatures and
-docstrings; the starter raises ``NotImplementedError("Exercise <id>: ...")``; the engine's
-own module is Accepted; the untouched starter is not; and every known wrong answer in
-``broken/`` is not Accepted and fails first on the case it names. A wrong answer is
-``broken/<name>.json``: ``{"about": ..., "expect": "<test name>", "replace": [[old, new], ...]}``
-applied to the current engine module (so it follows the engine as it changes; a replacement
-that no longer matches is reported), or a whole ``broken/<name>.py`` with a
-``# judge-expect: <test name>`` line.
+For each exercise, from the engine module as it is in this checkout: the starter is
+generated (starter.py; a symbol the module no longer has fails here, naming it), compiles,
+and has the engine's public signatures and docstrings; the engine's own module is
+Accepted; the starter is not; and every known wrong answer (``broken/<name>.toml``,
+broken.py: replacements applied to the engine module, so a stale one is reported) is not
+Accepted, gets the verdict it names (Wrong answer by default) and fails first on the case
+it names.
 
-A ``gpu: true`` exercise on a machine without CUDA is only *partly* checked: the static
+A ``gpu = true`` exercise on a machine without CUDA is only *partly* checked: the static
 checks, then its own tests on the CPU (the GPU cases skip), engine against starter; a wrong
 answer that only the GPU cases catch is a note there, not an error (the starter must still
-fail). The report says so and
-never calls such an exercise sound: only ``check`` on a CUDA machine judges it.
+fail). The report says so and never calls such an exercise sound: only ``check`` on a CUDA
+machine judges it.
 
 ``check --jobs N`` checks N exercises at once, each in a worker process of its own whose
 report is printed as one block when it is done, in the exercises' order (tools/jobs.py, as
@@ -26,107 +25,112 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import re
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from tools.jobs import in_order
 
+from . import broken
 from . import problems as P
 from .judging import NEEDS_GPU, Options, cannot_judge, judge_file
 from .signatures import drift
+from .starter import StarterError, starter_source
 from .verdict import compile_check
 
 
-def _expected_case(path: Path) -> str | None:
-    m = re.search(r"^# judge-expect:\s*(\S+)", path.read_text(encoding="utf-8"), flags=re.M)
-    return m.group(1) if m else None
+@dataclass
+class Run:
+    label: str  # as printed: engine, starter, broken/<name>.toml
+    file: Path
+    must_pass: bool
+    verdict: Optional[str] = None  # the verdict a failing run must get
+    expect: Optional[str] = None  # the case it must fail first on
 
 
-def make_broken(engine_source: str, spec_path: Path, out_dir: Path) -> tuple[Path, str | None]:
-    """Write the wrong answer described by ``spec_path``; return (file, expected case)."""
-    if spec_path.suffix == ".py":
-        return spec_path, _expected_case(spec_path)
-    spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    source = engine_source
-    for old, new in spec["replace"]:
-        if source.count(old) != 1:
-            raise ValueError(
-                f"{spec_path.name}: {old!r} occurs {source.count(old)} times in the engine module"
-            )
-        source = source.replace(old, new)
-    out = out_dir / f"{spec_path.stem}.py"
-    out.write_text(source, encoding="utf-8")
-    return out, spec.get("expect")
+def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
+    """The files to judge: the engine's module, the generated starter, each wrong answer.
+    Static problems (a starter that cannot be made or drifted, a stale wrong answer) go to
+    ``errors``."""
+    engine = root / p.module
+    runs = [Run("engine", engine, True)]
+    try:
+        starter = starter_source(root, p)
+    except StarterError as e:
+        errors.append(f"no starter: {e}")
+        return runs
+    problems, notes = drift(starter, engine.read_text(encoding="utf-8"))
+    errors += [f"drift: {x}" for x in problems]
+    for note in notes:
+        print(f"    note (private, not failing): {note}")
+    file = tmp / "starter.py"
+    file.write_text(starter, encoding="utf-8")
+    error = compile_check(file, "the generated starter")
+    if error:
+        errors.append(f"the starter does not compile: {error}")
+    runs.append(Run("starter", file, False))
+    if not p.own_tests:
+        errors.append("no test_*.py in the exercise directory")
+    for path in p.wrong_answers:
+        try:
+            wrong = broken.load(path)
+            file = tmp / f"broken_{path.stem}.py"
+            file.write_text(wrong.apply(engine.read_text(encoding="utf-8"), p.module), "utf-8")
+        except broken.WrongAnswerError as e:
+            errors.append(str(e))
+            continue
+        runs.append(Run(f"broken/{path.name}", file, False, wrong.verdict, wrong.expect))
+    return runs
 
 
 def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) -> List[str]:
     """Problems found (empty when sound); prints progress. ``partial``: a GPU exercise run
     on the CPU (see the module docstring)."""
     errors: List[str] = []
-    engine = root / p.module
-    problems, notes = drift(p.starter, engine)
-    errors += [f"drift: {x}" for x in problems]
-    for note in notes:
-        print(f"    note (private, not failing): {note}")
-    starter_text = p.starter.read_text(encoding="utf-8")
-    if f'NotImplementedError("Exercise {p.id}' not in starter_text:
-        errors.append(f'starter never raises NotImplementedError("Exercise {p.id}: ...")')
-    if not p.own_tests:
-        errors.append("no test_*.py in the exercise directory")
-    error = compile_check(p.starter, "starter.py")
-    if error:
-        errors.append(f"the starter does not compile: {error}")
-    runs = [("engine", engine, True, None), ("starter", p.starter, False, None)]
     tmp = Path(tempfile.mkdtemp(prefix=f"minisgl-check-{p.id}-"))
     try:
-        for spec in sorted((p.dir / "broken").glob("*.*")):
-            if spec.suffix in (".py", ".json"):
-                try:
-                    file, expect = make_broken(engine.read_text(encoding="utf-8"), spec, tmp)
-                    runs.append((f"broken/{spec.name}", file, False, expect))
-                except ValueError as e:
-                    errors.append(f"stale wrong answer: {e}")
-        for label, file, should_pass, expect in runs:
+        for run in _runs(root, p, tmp, errors):
             # a run that must fail is decided by its first failing case: stop there (saves
             # most of the chapter tests' time); the engine's own module runs every case
             v = judge_file(
-                root, p, file, opts if should_pass else replace(opts, first_failure=True)
+                root, p, run.file, opts if run.must_pass else replace(opts, first_failure=True)
             )
             shown = f"{v.name} {v.passed}/{v.total}" + (
                 f" at {v.case.split('::')[-1]}" if v.case else ""
             )
             print(
-                f"    {label:<36} {shown}"
+                f"    {run.label:<36} {shown}"
                 + (f" ({v.skipped} GPU cases skipped)" if partial and v.skipped else "")
             )
-            if should_pass and not v.accepted:
+            if run.must_pass and not v.accepted:
                 detail = "\n".join("      " + ln for ln in v.detail.splitlines()[:25])
-                errors.append(f"{label} is not accepted: {v.name}\n{detail}")
-            if partial and should_pass and v.accepted and not v.total:
+                errors.append(f"{run.label} is not accepted: {v.name}\n{detail}")
+            if run.must_pass and partial and v.accepted and not v.total:
                 print("    note: no case runs on the CPU; only the static checks were done here")
                 break
-            if not should_pass and v.accepted:
-                if partial and label != "starter":  # the starter must fail the CPU cases too
+            if run.must_pass:
+                continue
+            if v.accepted:
+                if partial and run.label != "starter":  # the starter must fail the CPU cases too
                     print(
-                        f"    note: {label} passes the CPU cases; only the GPU cases can catch it"
+                        f"    note: {run.label} passes the CPU cases; only the GPU cases can catch it"
                     )
                 else:
-                    errors.append(f"{label} is accepted but must fail")
-            if expect and v.case and expect not in v.case:
+                    errors.append(f"{run.label} is accepted but must fail")
+                continue
+            wrong = []
+            if run.verdict and v.name != run.verdict:
+                wrong.append(f"get {run.verdict}, got {v.name}")
+            if run.expect and (not v.case or run.expect not in v.case):
+                wrong.append(f"fail first at {run.expect}, failed first at {v.case or 'no case'}")
+            for what in wrong:
                 if partial:
-                    print(
-                        f"    note: {label} failed first at {v.case.split('::')[-1]} on the CPU, not at {expect}"
-                    )
+                    print(f"    note: on the CPU, {run.label} did not {what}")
                 else:
-                    errors.append(
-                        f"{label} should fail first at {expect}, failed first at {v.case}"
-                    )
+                    errors.append(f"{run.label} should {what}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return errors

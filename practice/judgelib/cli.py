@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import List, Optional
 from . import problems as P
 from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, read_status, rel, write_status
 from .signatures import locate
+from .starter import StarterError, starter_source
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
         "--root", type=Path, default=DEFAULT_ROOT, help="repository root (default: this checkout)"
     )
     sub = p.add_subparsers(dest="cmd")
-    sub.add_parser("list", help="exercises and your progress")
+    sub.add_parser("list", help="exercises in chapter order, and your progress")
     s = sub.add_parser(
-        "start", help="copy the starter into practice/workspace/ and show the statement"
+        "start", help="write the starter into practice/workspace/ and show the statement"
     )
     s.add_argument("id", type=int)
     s.add_argument("--force", action="store_true", help="overwrite your workspace file")
@@ -59,10 +59,6 @@ def _parser() -> argparse.ArgumentParser:
     so = sub.add_parser("solution", help="where the reference implementation lives")
     so.add_argument("id", type=int)
     so.add_argument("--yes", action="store_true", help="skip the confirmation")
-    ms = sub.add_parser(
-        "make-starter", help="maintainers: regenerate starter.py from the engine module"
-    )
-    ms.add_argument("id", type=int)
     return p
 
 
@@ -85,7 +81,9 @@ def cmd_list(root: Path) -> int:
             "GPU" if p.gpu else "CPU ok",
             status.get(str(p.id), {}).get("status", "not started").replace("_", " "),
         )
-        for p in P.load_all(root / "practice" / "exercises")
+        for p in sorted(
+            P.load_all(root / "practice" / "exercises"), key=lambda p: (p.chapter, p.id)
+        )
     ]
     head = ("id", "title", "chapter", "difficulty", "device", "status")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
@@ -100,9 +98,17 @@ def cmd_start(root: Path, pid: int, force: bool) -> int:
     if dest.exists() and not force:
         print(f"{rel(root, dest)} exists; keeping it (use --force to start over)")
     else:
+        try:
+            starter = starter_source(root, problem)
+        except StarterError as e:
+            print(f"cannot write the starter: {e}")
+            print(
+                f"(the engine changed; {rel(root, problem.dir / 'problem.md')} no longer fits it)"
+            )
+            return 3
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(problem.starter, dest)
-        print(f"wrote {rel(root, dest)}")
+        dest.write_text(starter, encoding="utf-8")
+        print(f"wrote {rel(root, dest)}, made from {problem.module}")
         if read_status(root).get(str(pid), {}).get("status") != "accepted":
             write_status(root, pid, "started")
     print()
@@ -173,18 +179,6 @@ def cmd_solution(root: Path, pid: int, yes: bool) -> int:
     return 0
 
 
-def cmd_make_starter(root: Path, pid: int) -> int:
-    from .starter import make_starter
-
-    problem = _problem(root, pid)
-    source = (root / problem.module).read_text(encoding="utf-8")
-    problem.starter.write_text(make_starter(source, pid, problem.symbols), encoding="utf-8")
-    print(
-        f"wrote {rel(root, problem.starter)} from {problem.module} ({', '.join(problem.symbols)})"
-    )
-    return 0
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -213,8 +207,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_test(root, args)
         if args.cmd == "solution":
             return cmd_solution(root, args.id, args.yes)
-        if args.cmd == "make-starter":
-            return cmd_make_starter(root, args.id)
         if args.cmd == "doctor":
             from .doctor import doctor
 

@@ -1,17 +1,24 @@
 """Exercises on disk: `practice/exercises/<id>_<slug>/problem.md` and its files.
 
-problem.md starts with a small YAML-like front matter (``key: value`` lines, lists written
-``[a, b]`` or as ``- item`` lines), then markdown. A ``## Hints`` section holds bullets; a
+problem.md starts with TOML front matter between two ``+++`` lines (the fields of
+``Problem``; see practice/README.md), then markdown. A ``## Hints`` section holds bullets; a
 bullet that starts with a backticked test name (``- `test_name`: ...``) is shown when that
-test fails, the others are general hints.
+test fails, the others are general hints. Beside it: the exercise's ``test_*.py`` and, in
+``broken/``, its known wrong answers (``broken.py``).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, from PyPI (a dependency on 3.10)
+    import tomli as tomllib
 
 DEFAULT_TIME_LIMIT = 20.0  # seconds per case
 DEFAULT_TOTAL_LIMIT = 300.0  # seconds for the whole run
@@ -26,7 +33,8 @@ class Problem:
     chapter: int
     difficulty: str
     module: str  # engine path the learner's file replaces, e.g. minisgl/scheduler/prefill.py
-    symbols: List[str]
+    symbols: List[str]  # the functions and methods (``Class.method``) the learner writes
+    omit: List[str]  # statements of the module the starter leaves out (starter.py)
     tests: List[str]  # chapter tests (paths or node ids, relative to the repo root)
     gpu: bool
     requires: List[str]  # repo paths that must exist (e.g. a model directory)
@@ -36,12 +44,13 @@ class Problem:
     hints: List[Tuple[Optional[str], str]] = field(default_factory=list)
 
     @property
-    def starter(self) -> Path:
-        return self.dir / "starter.py"
-
-    @property
     def own_tests(self) -> List[Path]:
         return sorted(self.dir.glob("test_*.py"))
+
+    @property
+    def wrong_answers(self) -> List[Path]:
+        """``broken/*.toml``: the known wrong answers `check` proves the tests catch."""
+        return sorted(self.dir.glob("broken/*.toml"))
 
     @property
     def workspace_name(self) -> str:
@@ -66,47 +75,56 @@ class Problem:
         return general_hints[0] if general_hints else None
 
 
-def _parse_value(raw: str):
-    raw = raw.strip()
-    if raw.startswith("[") and raw.endswith("]"):
-        inner = raw[1:-1].strip()
-        return [_parse_value(x) for x in inner.split(",")] if inner else []
-    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'":
-        return raw[1:-1]
-    if raw.lower() in ("true", "yes"):
-        return True
-    if raw.lower() in ("false", "no"):
-        return False
-    if re.fullmatch(r"-?\d+", raw):
-        return int(raw)
-    if re.fullmatch(r"-?\d+\.\d*", raw):
-        return float(raw)
-    return raw
+FENCE = "+++"
+_KINDS = {  # bool is an int in Python, and never a valid id, chapter or limit
+    "an integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "a number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "a string": lambda v: isinstance(v, str),
+    "true or false": lambda v: isinstance(v, bool),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+}
+FIELDS = {  # the keys of the front matter, and what each holds
+    "id": "an integer",
+    "title": "a string",
+    "chapter": "an integer",
+    "difficulty": "a string",
+    "module": "a string",
+    "symbols": "a list of strings",
+    "omit": "a list of strings",
+    "tests": "a list of strings",
+    "gpu": "true or false",
+    "requires": "a list of strings",
+    "time_limit": "a number",
+    "total_time_limit": "a number",
+}
+REQUIRED = ("id", "title", "chapter", "module", "symbols")
 
 
-def parse_front_matter(text: str) -> Tuple[Dict[str, object], str]:
-    """Split ``---`` front matter from the markdown body; raise ValueError if malformed."""
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        raise ValueError("problem.md must start with a '---' front matter block")
-    meta: Dict[str, object] = {}
-    last_key = None
-    for i, line in enumerate(lines[1:], start=1):
-        if line.strip() == "---":
-            return meta, "\n".join(lines[i + 1 :])
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line.lstrip().startswith("- ") and last_key is not None:
-            if not isinstance(meta[last_key], list):
-                meta[last_key] = []
-            meta[last_key].append(_parse_value(line.lstrip()[2:]))  # type: ignore[union-attr]
-            continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"front matter line {i + 1}: expected 'key: value', got {line!r}")
-        last_key = key.strip()
-        meta[last_key] = _parse_value(value) if value.strip() else []
-    raise ValueError("front matter is not closed by '---'")
+def parse_front_matter(text: str, name: str = "problem.md") -> Tuple[Dict[str, Any], str]:
+    """Split the TOML front matter between ``+++`` lines from the markdown body; raise
+    ValueError naming ``name`` when it is missing, unclosed, not TOML, or has a key or a
+    type this judge does not know."""
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != FENCE:
+        raise ValueError(f"{name} must start with a '{FENCE}' line (TOML front matter)")
+    close = next((i for i, ln in enumerate(lines[1:], 1) if ln.strip() == FENCE), None)
+    if close is None:
+        raise ValueError(f"{name}: the front matter is not closed by a '{FENCE}' line")
+    try:
+        meta = tomllib.loads("".join(lines[1:close]))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{name}: front matter: {e}") from None
+    for key, value in meta.items():
+        if key not in FIELDS:
+            raise ValueError(
+                f"{name}: unknown front matter key {key!r} (known: {', '.join(FIELDS)})"
+            )
+        if not _KINDS[FIELDS[key]](value):
+            raise ValueError(f"{name}: {key} = {value!r} is not {FIELDS[key]}")
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise ValueError(f"{name}: front matter lacks {', '.join(missing)}")
+    return meta, "".join(lines[close + 1 :])
 
 
 def _split_sections(body: str) -> Tuple[str, str]:
@@ -136,19 +154,10 @@ def _parse_hints(section: str) -> List[Tuple[Optional[str], str]]:
     return hints
 
 
-def _as_list(value) -> List[str]:
-    if value in (None, ""):
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
-
 def load_problem(directory: Path) -> Problem:
     path = directory / "problem.md"
-    meta, body = parse_front_matter(path.read_text(encoding="utf-8"))
-    missing = [k for k in ("id", "title", "chapter", "module") if k not in meta]
-    if missing:
-        raise ValueError(f"{path}: front matter lacks {', '.join(missing)}")
-    pid = int(meta["id"])  # type: ignore[arg-type]
+    meta, body = parse_front_matter(path.read_text(encoding="utf-8"), str(path))
+    pid = meta["id"]
     prefix = f"{pid}_"
     if not directory.name.startswith(prefix):
         raise ValueError(f"{directory.name}: directory must be named {prefix}<slug>")
@@ -156,16 +165,17 @@ def load_problem(directory: Path) -> Problem:
         id=pid,
         slug=directory.name[len(prefix) :],
         dir=directory,
-        title=str(meta["title"]),
-        chapter=int(meta["chapter"]),  # type: ignore[arg-type]
-        difficulty=str(meta.get("difficulty", "medium")),
-        module=str(meta["module"]),
-        symbols=_as_list(meta.get("symbols")),
-        tests=_as_list(meta.get("tests")),
-        gpu=bool(meta.get("gpu", False)),
-        requires=_as_list(meta.get("requires")),
-        time_limit=float(meta.get("time_limit", DEFAULT_TIME_LIMIT)),  # type: ignore[arg-type]
-        total_time_limit=float(meta.get("total_time_limit", DEFAULT_TOTAL_LIMIT)),  # type: ignore[arg-type]
+        title=meta["title"],
+        chapter=meta["chapter"],
+        difficulty=meta.get("difficulty", "medium"),
+        module=meta["module"],
+        symbols=meta["symbols"],
+        omit=meta.get("omit", []),
+        tests=meta.get("tests", []),
+        gpu=meta.get("gpu", False),
+        requires=meta.get("requires", []),
+        time_limit=float(meta.get("time_limit", DEFAULT_TIME_LIMIT)),
+        total_time_limit=float(meta.get("total_time_limit", DEFAULT_TOTAL_LIMIT)),
         body=body,
         hints=_parse_hints(_split_sections(body)[1]),
     )

@@ -1,14 +1,14 @@
-"""Compare the public interface of a starter with its engine module (for `check`).
+"""Compare the public interface of a starter with its engine module (for `check`), and find
+a def by its dotted name (``Class.method``) in a module's source.
 
-Read with ``ast`` only, so neither file is imported: classes (bases, decorators, annotated
-fields with defaults, docstring), functions and methods (every argument, its kind,
-annotation and default, the return annotation, decorators, docstring).
+Read with ``ast`` only, so neither source is imported: classes (bases, decorators,
+annotated fields with defaults, docstring), functions and methods (every argument, its
+kind, annotation and default, the return annotation, decorators, docstring).
 """
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 
@@ -83,11 +83,12 @@ def interface(source: str) -> Dict[str, Tuple[str, Optional[str]]]:
     return out
 
 
-def drift(starter: Path, engine: Path) -> Tuple[List[str], List[str]]:
-    """(problems, notes): public differences fail the check; private ones are only noted."""
+def drift(starter: str, engine: str) -> Tuple[List[str], List[str]]:
+    """(problems, notes) between two sources: public differences fail the check; private
+    ones are only noted."""
     try:
-        s_if = interface(starter.read_text(encoding="utf-8"))
-        e_if = interface(engine.read_text(encoding="utf-8"))
+        s_if = interface(starter)
+        e_if = interface(engine)
     except SyntaxError as e:
         return [f"cannot parse: {e}"], []
     problems: List[str] = []
@@ -109,26 +110,37 @@ def drift(starter: Path, engine: Path) -> Tuple[List[str], List[str]]:
     return problems, notes
 
 
+Definition = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def find_def(tree: ast.Module, symbol: str) -> Optional[Definition]:
+    """The def or class named ``symbol`` (``Class.method``, nested as deep as it goes) at the
+    top of ``tree``, or None."""
+    body: List[ast.stmt] = tree.body
+    node: Optional[Definition] = None
+    for part in symbol.split("."):
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
 def locate(source: str, symbols: List[str]) -> List[Tuple[str, int, int]]:
     """(symbol, first line, last line) of each symbol found in the source."""
-    found = []
     tree = ast.parse(source)
+    found = []
     for sym in symbols:
-        body, node = tree.body, None
-        for part in sym.split("."):
-            node = next(
-                (
-                    n
-                    for n in body
-                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                    and n.name == part
-                ),
-                None,
-            )
-            if node is None:
-                break
-            body = node.body
+        node = find_def(tree, sym)
         if node is not None:
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             found.append((sym, first, node.end_lineno or node.lineno))
     return found

@@ -3,8 +3,8 @@
 A chapter is a folder `chapters/chNN_<slug>/` holding `chapter.toml` (its manifest: title,
 stage, main, tests, new/modified/early files, exercises) and `chapter.md` (its prose). A
 practice problem is a folder `practice/exercises/<id>_<slug>/` whose `problem.md` gives its
-title (YAML front matter `title:` or the first `# ` heading) and difficulty (front matter
-`difficulty:` or a line `Difficulty: medium`).
+title (TOML front matter between `+++` lines, `title = "..."`, or the first `# ` heading)
+and difficulty (front matter `difficulty = "..."` or a line `Difficulty: medium`).
 """
 
 from __future__ import annotations
@@ -131,17 +131,15 @@ class Exercise:
         return f"python practice/judge.py {self.id}"
 
 
-_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
+_FRONT_MATTER = re.compile(r"\A\+\+\+\s*\n(.*?)\n\+\+\+\s*\n", re.S)
 
 
 def _parse_problem(text: str) -> Dict[str, str]:
     info: Dict[str, str] = {}
     m = _FRONT_MATTER.match(text)
-    if m:
-        for line in m.group(1).splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                info[key.strip().lower()] = value.strip().strip("'\"")
+    if m:  # the judge checks the front matter's fields; the site shows two of them
+        meta = tomllib.loads(m.group(1))
+        info.update({k: str(meta[k]) for k in ("title", "difficulty") if k in meta})
         text = text[m.end() :]
     for line in text.splitlines():
         if "title" not in info and line.startswith("# "):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tools import manifest
-from tools.docs.chapters import Chapter, all_exercises, find_exercise, load_chapters
+from tools.docs.chapters import Chapter, Exercise, all_exercises, find_exercise, load_chapters
 from tools.docs.symbols import SymbolError, find_symbol
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
@@ -258,7 +258,11 @@ def macro_chapters(arg: str, ctx: Context) -> str:
 def macro_practice(arg: str, ctx: Context) -> str:
     owner = {i: ch for ch in load_chapters(ctx.root) for i in ch.exercises}
     rows = ["| Id | Problem | Difficulty | Chapter | Judge |", "|---|---|---|---|---|"]
-    for ex in all_exercises(ctx.root):
+
+    def reading_order(ex: Exercise) -> tuple:  # as `judge.py list`: by chapter, then id
+        return (owner[ex.id].number if ex.id in owner else float("inf"), ex.id)
+
+    for ex in sorted(all_exercises(ctx.root), key=reading_order):
         ch = owner.get(ex.id)
         chapter = f"[{ch.number}]({ctx.link_to(ch.page_uri)})" if ch else ""
         problem = f"[{ex.title}]({ctx.blob_url(f'practice/exercises/{ex.folder.name}/problem.md')})"

@@ -1,4 +1,4 @@
-"""Exercise 161: top-k / top-p filtering and the sampler."""
+"""Exercise 161: top-k / top-p filtering and the reference sampler."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from minisgl.engine.sample import BatchSamplingArgs, Sampler, top_k_top_p_filter
+from minisgl.engine.sample import BatchSamplingArgs, Sampler
+from minisgl.kernel.torch_sampling import top_k_top_p_filter
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 NEG = float("-inf")
