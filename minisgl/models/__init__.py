@@ -39,4 +39,11 @@ def create_model(config: ModelConfig) -> BaseLLMModel:
     return MODEL_REGISTRY[config.architectures[0]](config)
 
 
-__all__ = ["BaseLLMModel", "ModelConfig", "RotaryConfig", "create_model", "load_weight", "MODEL_REGISTRY"]
+__all__ = [
+    "BaseLLMModel",
+    "ModelConfig",
+    "RotaryConfig",
+    "create_model",
+    "load_weight",
+    "MODEL_REGISTRY",
+]

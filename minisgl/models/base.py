@@ -17,7 +17,9 @@ class BaseLLMModel(BaseOP):
     def forward(self) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
-    def load_state_dict(self, state_dict: StateDict, *, prefix: str = "", _root: bool = True) -> None:
+    def load_state_dict(
+        self, state_dict: StateDict, *, prefix: str = "", _root: bool = True
+    ) -> None:
         # A tied LM head reuses the embedding table; checkpoints usually omit lm_head.weight.
         if self.tie_word_embeddings:
             state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]

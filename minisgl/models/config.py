@@ -95,7 +95,11 @@ class ModelConfig:
             ),
             architectures=list(getattr(config, "architectures", None) or ["LlamaForCausalLM"]),
             model_type=model_type,
-            num_experts=int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None) or 0),
+            num_experts=int(
+                getattr(config, "num_local_experts", None)
+                or getattr(config, "num_experts", None)
+                or 0
+            ),
             num_experts_per_tok=int(getattr(config, "num_experts_per_tok", None) or 0),
             moe_intermediate_size=int(getattr(config, "moe_intermediate_size", None) or 0),
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),

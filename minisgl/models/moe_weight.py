@@ -22,7 +22,9 @@ import torch
 
 from minisgl.distributed import get_tp_info
 
-_PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_up_proj|down_proj)\.weight$")
+_PER_EXPERT = re.compile(
+    r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_up_proj|down_proj)\.weight$"
+)
 _STACKED = (".experts.gate_up_proj", ".experts.down_proj")
 
 

@@ -34,7 +34,9 @@ _ROW_SPLIT = (".o_proj.weight", ".down_proj.weight")
 _VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
 
 
-def shard_tensor(name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int) -> torch.Tensor:
+def shard_tensor(
+    name: str, tensor: torch.Tensor, rank: int, size: int, num_kv_heads: int
+) -> torch.Tensor:
     """This rank's slice of checkpoint tensor ``name`` (the whole tensor when ``size`` is 1).
 
     Column-parallel weights are cut along dim 0 (KV heads replicated when there are fewer
