@@ -639,6 +639,16 @@ def test_notebook_runs_each_part_after_its_section_and_embeds_images(project):
     assert "part 'Subtracting' is no heading of the chapter" in errors[0]
 
 
+def test_a_main_that_starts_processes_runs_as_a_script_cell(project):
+    from tools.notebooks import build_notebook
+
+    main = project / "examples" / "ch07_demo.py"
+    main.write_text(MAIN + '\n\nif __name__ == "__main__":\n    print("spawned")\n', "utf-8")
+    nb = build_notebook(project, load_chapters(project)[0], REPO)
+    code = [c.source for c in nb.cells if c.cell_type == "code"][1:]
+    assert len(code) == 1 and '[sys.executable, "examples/ch07_demo.py"]' in code[0]
+
+
 def test_notebook_outputs_are_kept_and_given_back_while_the_code_above_is_unchanged(project):
     import nbformat
 

@@ -13,7 +13,8 @@ part followed by the cells that run it on the real engine, from the chapter's
 cells where the prose shows it (`@@code examples/chNN_<slug>.py@@`), else after "Running it".
 The main is cut into cells at its `# %%` markers when it has them, else at each
 blank-line-separated run of top-level statements (imports stay together); its module
-docstring becomes a markdown cell. A first code cell moves the kernel to the repository root,
+docstring becomes a markdown cell. A main guarded by `if __name__ == "__main__"` starts
+processes that import it, so it runs as a script in one cell instead. A first code cell moves the kernel to the repository root,
 so `minisgl` and `models/` are found wherever the notebook is opened from inside the
 repository.
 
@@ -151,10 +152,22 @@ def split_main(source: str, filename: str = "<main>") -> List[Tuple[str, str]]:
     return cells
 
 
+_SCRIPT_CELL = """\
+# This main starts processes of its own (it is guarded by `if __name__ == "__main__"`, so that
+# they can import it), so it runs as a script, not cell by cell.
+import subprocess
+
+run = subprocess.run([sys.executable, "{main}"], capture_output=True, text=True)
+print(run.stdout + (run.stderr if run.returncode else ""))
+run.check_returncode()"""
+
+
 def _main_cells(root: Path, chapter: Chapter) -> List[NotebookNode]:
     if not (chapter.main and (root / chapter.main).is_file()):
         return []
     source = (root / chapter.main).read_text(encoding="utf-8")
+    if re.search(r"^if __name__ == .__main__.:", source, re.M):
+        return [nbformat.v4.new_code_cell(_SCRIPT_CELL.format(main=chapter.main))]
     return [
         nbformat.v4.new_code_cell(text) if kind == "code" else nbformat.v4.new_markdown_cell(text)
         for kind, text in split_main(source, chapter.main)
@@ -266,6 +279,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--no-save", action="store_true", help="with --execute: leave outputs/notebooks/ alone"
     )
     parser.add_argument(
+        "--with-parts",
+        action="store_true",
+        help="with no chapters named: only those whose chapters/chNN_<slug>/notebook.py exists",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "notebooks", help="output folder (notebooks/)"
     )
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
@@ -275,6 +293,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     chapters = (
         [chapter_by_key(root, k) for k in args.chapters] if args.chapters else load_chapters(root)
     )
+    if args.with_parts and not args.chapters:
+        chapters = [ch for ch in chapters if (ch.folder / notebook_parts.COMPANION).is_file()]
     if args.execute and not args.chapters:
         skipped = [ch for ch in chapters if notebook_parts.device(ch) != "cpu"]
         chapters = [ch for ch in chapters if ch not in skipped]
