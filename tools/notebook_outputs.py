@@ -5,6 +5,8 @@ code cell in `outputs/notebooks/ch07_scheduler.json`, each under a key: the SHA-
 cell's source and of every code cell above it. `mkdocs build` generates the notebooks again
 and gives a code cell the stored outputs only when its key matches, so a cell that changed,
 or one below a cell that changed, shows no output until the notebook is executed again.
+What a cell wrote to stderr (the engine's log lines, library warnings naming this machine's
+paths) is not kept: the site shows what the cells print and draw.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def save(root: Path, name: str, nb: NotebookNode) -> Path:
     """Keep the outputs of the executed notebook `nb` (chapter `name`, e.g. ch07_scheduler)."""
     cells: Dict[str, dict] = {}
     for key, cell in zip(cell_keys(nb), nb.cells):
-        if key is not None and cell.get("outputs"):
-            cells[key] = {"execution_count": cell.get("execution_count"), "outputs": cell.outputs}
+        outputs = [o for o in cell.get("outputs", []) if o.get("name") != "stderr"]
+        if key is not None and outputs:
+            cells[key] = {"execution_count": cell.get("execution_count"), "outputs": outputs}
     path = _path(root, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"cells": cells}, indent=1, sort_keys=True) + "\n", encoding="utf-8")

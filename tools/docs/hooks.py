@@ -16,8 +16,9 @@ mkdocs_hooks.py at the root, which imports these).
 * on_page_markdown: checks the prose against the code (tools/docs/prose_check.py: every
   engine symbol, repository file and chapter number it names must exist, and a chapter's
   topic must be cited with its own number), logging each finding as an error so that
-  `mkdocs build --strict` fails; then resolves the `@@macros@@` (tools/docs/macros.py) on every page, and gives
-  chapter pages their stage line, main and notebook links, and an edit/report footer. Every
+  `mkdocs build --strict` fails; then resolves the `@@macros@@` (tools/docs/macros.py) on
+  every page, and gives chapter pages their stage line, main and notebook links, and (with a
+  repository configured) an edit/report footer. Every
   broken macro is logged as an error naming the page, the chapter and the macro, so
   `mkdocs build --strict` fails; a plain build shows a "Broken macro" box in its place.
 * on_serve: `mkdocs serve` also reloads on changes to the chapters, engine, examples,
