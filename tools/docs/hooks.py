@@ -148,10 +148,13 @@ def _stub(ch: Chapter) -> str:
 def _problem_page(ex: Exercise, chapters: List[Chapter]) -> str:
     """A practice problem's statement as a page: its problem.md, headed by what it is."""
     text = (ex.folder / "problem.md").read_text(encoding="utf-8")
-    front = re.match(r"\A---\s*\n(.*?)\n---\s*\n", text, re.S)
+    # front matter between --- lines (YAML, `module: path`) or +++ lines (TOML, `module = "path"`)
+    front = re.match(r"\A(---|\+\+\+)\s*\n(.*?)\n\1\s*\n", text, re.S)
     body = text[front.end() :] if front else text
     body = re.sub(r"\A\s*# [^\n]*\n", "", body)  # the title is ours
-    module = re.search(r"^module:\s*(\S+)", front.group(1), re.M) if front else None
+    module = (
+        re.search(r"^module\s*[:=]\s*[\"']?([^\s\"']+)", front.group(2), re.M) if front else None
+    )
     owner = next((ch for ch in chapters if ex.id in ch.exercises), None)
     meta = []
     if owner is not None:
