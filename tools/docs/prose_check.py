@@ -55,7 +55,8 @@ _WORD = re.compile(r"[a-z][a-z0-9'-]*")
 _STOPWORDS = set(
     "a an and the of by for from in into on one to with its their then every at as "
     "data step time hand start core custom interface control pool store table page worker "
-    "gpu api tensor prefill scheduling decode between".split()
+    "gpu api tensor prefill scheduling decode between model layer backend metadata "
+    "structure message processes cuda".split()
 )
 _UPSTREAM_SECTION = re.compile(r"^##\s+How upstream does it", re.I)
 
@@ -255,12 +256,13 @@ def chapter_keywords(chapters: List[Chapter]) -> Dict[str, int]:
     for ch in chapters:
         for word in set(_WORD.findall(ch.title.lower())):
             owners.setdefault(_singular(word.removesuffix("'s")), set()).add(ch.number)
+    stop = {_singular(w) for w in _STOPWORDS}
     keywords: Dict[str, int] = {}
     for ch in chapters:
         head = ch.title.split(":")[0].lower()
         for word in _WORD.findall(head):
             word = _singular(word.removesuffix("'s"))
-            if word not in _STOPWORDS and len(word) > 2 and owners[word] == {ch.number}:
+            if word not in stop and len(word) > 2 and owners[word] == {ch.number}:
                 keywords[word] = ch.number
     return keywords
 
