@@ -5,6 +5,6 @@ runs: this file sits at the repository root so that `tools` imports as the packa
 whether the site is built with `mkdocs build` or `python -m mkdocs`, from any folder.
 """
 
-from tools.docs.hooks import on_config, on_files, on_page_markdown, on_serve
+from tools.docs.hooks import on_config, on_files, on_page_content, on_page_markdown, on_serve
 
-__all__ = ["on_config", "on_files", "on_page_markdown", "on_serve"]
+__all__ = ["on_config", "on_files", "on_page_content", "on_page_markdown", "on_serve"]

@@ -170,15 +170,44 @@ def test_code_macro_renders_the_symbol_titled_and_linked_to_its_lines(project):
     assert out.errors == []
     assert '```python title="minisgl/demo.py · cached"' in out.text
     assert "@functools.lru_cache(maxsize=None)\ndef cached(x: int) -> int:" in out.text
-    assert f"({REPO}/blob/main/minisgl/demo.py#L12-L14)" in out.text
-    assert "lines 12–14" in out.text
+    # the site's own source page, never the repository: the link works offline
+    assert "(../source/minisgl/demo.py.md#L12-L14){ .code-link }" in out.text
+    assert "lines 12–14" in out.text and "github" not in out.text
 
 
 def test_code_macro_without_symbol_shows_the_whole_file(project):
     out = render(project, "@@code examples/ch07_demo.py@@")
     assert out.errors == []
     assert 'title="examples/ch07_demo.py"' in out.text and 'print("answer", x)' in out.text
-    assert f"({REPO}/blob/main/examples/ch07_demo.py)" in out.text
+    assert "(../source/examples/ch07_demo.py.md){ .code-link }" in out.text
+
+
+def test_code_links_outside_the_source_browser_need_a_configured_repository(project):
+    write(project / "tools" / "helper.py", "def f():\n    pass\n")
+    chapter = load_chapters(project)[0]
+    bare = Context(root=project, page="chapters/ch07_demo.md", chapter=chapter)
+    out = expand("@@code tools/helper.py:f@@", bare)
+    assert out.errors == [] and "](" not in out.text and "tools/helper.py, lines 1–2" in out.text
+    with_repo = expand("@@code tools/helper.py:f@@", ctx_for(project))
+    assert f"]({REPO}/blob/main/tools/helper.py#L1-L2)" in with_repo.text
+
+
+def test_notebook_code_links_are_repository_paths_unless_a_repository_is_configured(project):
+    chapter = load_chapters(project)[0]
+    ctx = Context(root=project, page="x", chapter=chapter, mode="notebook")
+    out = expand("@@code minisgl/demo.py:cached@@", ctx)
+    assert "[minisgl/demo.py, lines 12–14](../minisgl/demo.py)" in out.text
+    out = render(project, "@@code minisgl/demo.py:cached@@", mode="notebook")
+    assert f"]({REPO}/blob/main/minisgl/demo.py#L12-L14)" in out.text
+
+
+def test_clone_macro_names_the_repository_only_when_configured(project):
+    assert (
+        render(project, "Get it: @@clone@@.").text
+        == f"Get it: `git clone {REPO} mini-sglang-from-scratch`."
+    )
+    bare = Context(root=project, page="setup.md")
+    assert "<" not in expand("Get it: @@clone@@.", bare).text
 
 
 def test_renamed_symbol_fails_with_a_message_naming_macro_and_chapter(project):
@@ -380,6 +409,129 @@ def test_mkdocs_strict_build_renders_chapters_and_fails_on_a_broken_macro(projec
     assert "chapters/ch07_demo.md (chapter 7): @@code minisgl/demo.py:Adder.left@@" in broken.stderr
 
 
+def test_mkdocs_strict_build_fails_on_a_wrong_symbol_and_a_wrong_chapter_number(project):
+    """The docs check (tools/docs/prose_check.py) runs inside the strict build."""
+    pytest.importorskip("mkdocs")
+    config = _mkdocs_project(project)
+    prose = project / "chapters" / "ch07_demo" / "chapter.md"
+    prose.write_text(
+        "# A demo chapter\n\n`Adder.left` counts down; `Adder.lefty` does not exist.\n\n"
+        "Chapter 7 is this one; chapter 14 is not written.\n",
+        encoding="utf-8",
+    )
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(config)]
+    broken = subprocess.run(cmd, capture_output=True, text=True, cwd=project)
+    assert broken.returncode != 0
+    assert (
+        "prose check: chapters/ch07_demo.md line 3: `Adder.lefty`: Adder has no attribute"
+        " 'lefty'; did you mean Adder.left?" in broken.stderr
+    )
+    assert "chapters/ch07_demo.md line 5: 'chapter 14': there is no chapter 14" in broken.stderr
+    assert "Adder.left`:" not in broken.stderr and "'Chapter 7'" not in broken.stderr
+
+
+# ------------------------------------------------------------------ the docs check
+
+PROSE_DEMO = """\
+class Base:
+    def shared(self) -> None:
+        self.count = 0
+
+
+class Adder(Base):
+    def add(self) -> None:
+        self.total = 1
+
+
+ADDER = Adder()
+"""
+
+
+@pytest.fixture
+def checker(project):
+    from tools.docs.prose_check import Checker
+
+    write(project / "minisgl" / "sums.py", PROSE_DEMO)
+    write(
+        project / "chapters" / "ch15_server" / "chapter.toml",
+        'title = "An OpenAI-compatible API server"\nstage = 3\nmain = "examples/ch07_demo.py"\n',
+    )
+    return Checker.for_root(project, {"files": {"scheduler/scheduler.py": {}}})
+
+
+def findings(checker, text: str) -> list:
+    return [f.split(": ", 1)[1] for f in checker.check(textwrap.dedent(text), "page.md")]
+
+
+def test_docs_check_resolves_methods_inherited_and_instance_attributes(checker):
+    ok = """\
+        `Adder.add`, `Adder.total`, `Adder.shared()`, `Adder.count`, `ADDER.total`,
+        `minisgl.sums.Adder.add`, `sums.ADDER`, `Adder.Inner.go` and `demo.helper(41)`.
+        Not ours: `torch.cuda.synchronize`, `self.nope`, `engine.add` (a variable), `x.y`.
+        """
+    assert findings(checker, ok) == []
+    assert findings(checker, "`Adder.ad` and `sums.Addr`") == [
+        "`Adder.ad`: Adder has no attribute 'ad'; did you mean Adder.add?",
+        "`sums.Addr`: module minisgl.sums has no name 'Addr'; did you mean Adder?",
+    ]
+    assert findings(checker, "`ADDER.missing`") == [
+        "`ADDER.missing`: Adder has no attribute 'missing'"
+    ]
+
+
+def test_docs_check_finds_missing_files_and_skips_generated_ones(checker):
+    ok = "`minisgl/sums.py`, `sums.py`, `demo.py`, `examples/`, `models/tiny-qwen3/`, `tok/s`"
+    assert findings(checker, ok) == []
+    assert findings(checker, "`minisgl/summs.py` and `gone.py`") == [
+        "`minisgl/summs.py`: no such file in the repository (nor under minisgl/)",
+        "`gone.py`: no Python file of the repository has that name",
+    ]
+    upstream = "`python/minisgl/scheduler/scheduler.py`, `python/minisgl/scheduler/x.py`"
+    assert findings(checker, upstream) == [
+        "`python/minisgl/scheduler/x.py`: upstream has no python/minisgl/scheduler/x.py at the"
+        " pinned commit"
+    ]
+
+
+def test_docs_check_ties_a_chapters_topic_to_its_number(checker):
+    ok = "The server of chapter 15, chapter 15's server, chapters 7 and 15, the adder (chapter 7)."
+    assert findings(checker, ok) == []
+    assert findings(checker, "the server of chapter 7, then chapters 7–9") == [
+        "'server ... chapter 7': the server is chapter 15's (An OpenAI-compatible API server),"
+        " not chapter 7's (A demo chapter)",
+        "'chapters 7–9': there is no chapter 8",
+    ]
+    assert findings(checker, "in the server (chapter 7)")[0].startswith("'server ... chapter 7'")
+
+
+def test_docs_check_skips_code_blocks_macros_and_upstreams_names(checker):
+    text = """\
+        ```python
+        Adder.nope  # chapter 99
+        ```
+
+        @@code minisgl/sums.py:Adder.nope@@
+
+        ## How upstream does it
+
+        Upstream calls `Adder.pad_batch` from `python/minisgl/scheduler/scheduler.py`.
+
+        ## Tests
+
+        `Adder.nope`
+        """
+    assert findings(checker, text) == ["`Adder.nope`: Adder has no attribute 'nope'"]
+
+
+def test_docs_check_allowances_need_a_reason(tmp_path):
+    from tools.docs.prose_check import ALLOW_FILE, load_allowances
+
+    bad = write(tmp_path / "allow.toml", '[[allow]]\npage = "a.md"\ntext = "x"\n')
+    with pytest.raises(ValueError, match="needs a reason"):
+        load_allowances(bad)
+    assert all(a.reason for a in load_allowances(ALLOW_FILE))
+
+
 # ------------------------------------------------------------------ notebooks
 
 
@@ -431,6 +583,107 @@ def test_notebook_puts_the_main_where_the_prose_shows_it(project):
     assert not any(MAIN_CELLS in c.source for c in nb.cells)
     last = nb.cells[-1].source
     assert last.startswith("## What it prints") and "answer 42" in last
+
+
+def test_notebook_runs_each_part_after_its_section_and_embeds_images(project):
+    from tools.notebooks import build_notebook
+
+    write(
+        project / "chapters" / "ch07_demo" / "chapter.md",
+        """\
+        # A demo chapter
+
+        The lead.
+
+        ## The parts
+
+        ### Adding
+
+        ![the adder](../assets/adder.svg)
+
+        @@code minisgl/demo.py:Adder@@
+
+        ### Helping
+
+        Text.
+        """,
+    )
+    write(project / "docs" / "assets" / "adder.svg", "<svg/>")
+    write(
+        project / "chapters" / "ch07_demo" / "notebook.py",
+        """\
+        # the cells that run chapter 7's parts
+
+        # %%
+        from minisgl.demo import Adder, helper
+
+        # %% part="Helping"
+        print(helper(1))
+
+        # %% part="Adding"
+        print(Adder(3).left)
+        """,
+    )
+    errors: list = []
+    nb = build_notebook(project, load_chapters(project)[0], REPO, errors)
+    assert errors == []
+    heads = [c.source.split("\n")[0] for c in nb.cells]
+    assert heads[1:] == [
+        "# A demo chapter",
+        "## The parts",
+        "from minisgl.demo import Adder, helper",  # the set-up, before the first part
+        "### Adding",
+        "print(Adder(3).left)",
+        "### Helping",
+        "print(helper(1))",
+        "## Run the chapter's main: `examples/ch07_demo.py`",
+        "Chapter 7: a demo main.",
+        "import sys",
+        "# the answer, computed",
+        "for i in range(2):",
+    ]
+    adding = nb.cells[4]
+    assert "![the adder](attachment:adder.svg)" in adding.source
+    assert adding.attachments["adder.svg"] == {"image/svg+xml": "PHN2Zy8+"}  # base64 of <svg/>
+
+    (project / "chapters" / "ch07_demo" / "notebook.py").write_text(
+        '# %% part="Subtracting"\nprint(1)\n', encoding="utf-8"
+    )
+    build_notebook(project, load_chapters(project)[0], REPO, errors)
+    assert "part 'Subtracting' is no heading of the chapter" in errors[0]
+
+
+def test_a_main_that_starts_processes_runs_as_a_script_cell(project):
+    from tools.notebooks import build_notebook
+
+    main = project / "examples" / "ch07_demo.py"
+    main.write_text(MAIN + '\n\nif __name__ == "__main__":\n    print("spawned")\n', "utf-8")
+    nb = build_notebook(project, load_chapters(project)[0], REPO)
+    code = [c.source for c in nb.cells if c.cell_type == "code"][1:]
+    assert len(code) == 1 and '[sys.executable, "examples/ch07_demo.py"]' in code[0]
+
+
+def test_notebook_outputs_are_kept_and_given_back_while_the_code_above_is_unchanged(project):
+    import nbformat
+
+    from tools import notebook_outputs
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("print(x)")]
+    nb.cells[1].outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text="[12:00:01 INFO] /home/me/x\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+    ]
+    nb.cells[1].execution_count = 2
+    notebook_outputs.save(project, "ch07_demo", nb)
+    fresh = nbformat.v4.new_notebook()
+    fresh.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("print(x)")]
+    assert notebook_outputs.attach(project, "ch07_demo", fresh) == 1
+    assert [o.text for o in fresh.cells[1].outputs] == ["1\n"]  # the log line is not kept
+    assert fresh.cells[1].execution_count == 2
+    fresh.cells[0].source = "x = 2"  # a cell above changed: the stored output no longer holds
+    fresh.cells[1].outputs = []
+    assert notebook_outputs.attach(project, "ch07_demo", fresh) == 0
 
 
 def test_notebook_executes_with_nbclient(project, tmp_path):

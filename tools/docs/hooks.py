@@ -4,11 +4,21 @@ mkdocs_hooks.py at the root, which imports these).
 * on_config: the nav entry `chapters.md` becomes a "Chapters" section: that page, then one
   group per stage (titles from `extra.stages`) holding each chapter, titled from its
   `chapters/chNN_<slug>/chapter.toml`.
+* on_config: without a repository configured (`BOOK_REPO_URL`, read by mkdocs.yml's
+  `repo_url`), no page links one: no edit buttons, no repository icon.
 * on_files: each `chapters/chNN_<slug>/chapter.md` becomes the page `chapters/chNN_<slug>.md`
   (a stub when the prose is not written yet) and each chapter's notebook is generated into
-  the site as `notebooks/chNN_<slug>.ipynb` (tools/notebooks.py; not executed).
-* on_page_markdown: resolves the `@@macros@@` (tools/docs/macros.py) on every page, and gives
-  chapter pages their stage line, main and notebook links, and an edit/report footer. Every
+  the site as `notebooks/chNN_<slug>.ipynb` (tools/notebooks.py, with the outputs stored
+  by `python -m tools.notebooks --execute`). The source browser's pages
+  (`source/<path>.md`, tools/docs/source_pages.py) and one page per practice problem
+  (`practice/<id>_<slug>.md`, from its problem.md) are generated too.
+* on_page_content: a source page's lines get their anchors `#L<n>`.
+* on_page_markdown: checks the prose against the code (tools/docs/prose_check.py: every
+  engine symbol, repository file and chapter number it names must exist, and a chapter's
+  topic must be cited with its own number), logging each finding as an error so that
+  `mkdocs build --strict` fails; then resolves the `@@macros@@` (tools/docs/macros.py) on
+  every page, and gives chapter pages their stage line, main and notebook links, and (with a
+  repository configured) an edit/report footer. Every
   broken macro is logged as an error naming the page, the chapter and the macro, so
   `mkdocs build --strict` fails; a plain build shows a "Broken macro" box in its place.
 * on_serve: `mkdocs serve` also reloads on changes to the chapters, engine, examples,
@@ -18,6 +28,7 @@ mkdocs_hooks.py at the root, which imports these).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 from urllib.parse import quote
@@ -27,13 +38,29 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from tools.docs.chapters import Chapter, load_chapters
-from tools.docs.macros import Context, MacroError, expand, load_upstream_index
+from tools import notebook_outputs
+from tools.docs import source_pages
+from tools.docs.chapters import Chapter, Exercise, all_exercises, load_chapters
+from tools.docs.macros import Context, MacroError, expand, load_upstream_index, practice_page_uri
+from tools.docs.prose_check import Checker
 from tools.notebooks import build_notebook, notebook_json
 
 log = logging.getLogger("mkdocs.plugins.minisgl_book")
 
 _state: Dict[str, Any] = {}
+
+
+class _LineRangeAnchors(logging.Filter):
+    """mkdocs checks a link's #fragment against the ids of the page it names; a source page's
+    `#L10-L20` is a range that assets/listings.js marks, not an id, so that note is dropped."""
+
+    _RANGE = re.compile(r"contains a link '[^']*\.py\.md#L\d+-L\d+', but the doc")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._RANGE.search(record.getMessage())
+
+
+logging.getLogger("mkdocs.structure.pages").addFilter(_LineRangeAnchors())
 
 
 def _root(config: MkDocsConfig) -> Path:
@@ -88,6 +115,9 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         chapters = load_chapters(root)
     except ValueError as e:
         raise PluginError(str(e)) from e
+    if not config.repo_url:
+        config.repo_url = None
+        config.edit_uri = None  # an edit link needs a repository to point into
     _state.clear()
     _state["root"] = root
     _state["chapters"] = {ch.page_uri: ch for ch in chapters}
@@ -95,6 +125,10 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
         _state["upstream"] = load_upstream_index(root)
     except MacroError:
         _state["upstream"] = None  # reported by the first @@upstream@@ that needs it
+    try:
+        _state["checker"] = Checker.for_root(root, _state["upstream"])
+    except ValueError as e:  # prose_allow.toml is malformed
+        raise PluginError(str(e)) from e
     if (
         config.nav is not None
         and chapters
@@ -111,8 +145,45 @@ def _stub(ch: Chapter) -> str:
     )
 
 
+def _problem_page(ex: Exercise, chapters: List[Chapter]) -> str:
+    """A practice problem's statement as a page: its problem.md, headed by what it is."""
+    text = (ex.folder / "problem.md").read_text(encoding="utf-8")
+    # front matter between --- lines (YAML, `module: path`) or +++ lines (TOML, `module = "path"`)
+    front = re.match(r"\A(---|\+\+\+)\s*\n(.*?)\n\1\s*\n", text, re.S)
+    body = text[front.end() :] if front else text
+    body = re.sub(r"\A\s*# [^\n]*\n", "", body)  # the title is ours
+    module = (
+        re.search(r"^module\s*[:=]\s*[\"']?([^\s\"']+)", front.group(2), re.M) if front else None
+    )
+    owner = next((ch for ch in chapters if ex.id in ch.exercises), None)
+    meta = []
+    if owner is not None:
+        meta.append(f"[chapter {owner.number}](../{owner.page_uri})")
+    if ex.difficulty:
+        meta.append(ex.difficulty)
+    if module:
+        path = module.group(1)
+        meta.append(f"replaces [`{path}`](../{source_pages.page_uri(path)})")
+    meta.append(f"judge it with `{ex.judge_command}`")
+    head = [f"# {ex.id}. {ex.title}", "", " · ".join(meta), "{ .chapter-meta }", ""]
+    return "\n".join(head) + "\n" + body
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     root: Path = _state["root"]
+    chapters = list(_state["chapters"].values())
+    by_number = {ch.number: ch for ch in chapters}
+    table = source_pages.file_chapters(chapters)
+    paths = source_pages.source_files(root)
+    for path in paths:
+        page = source_pages.render_page(root, path, table.get(path), by_number)
+        files.append(File.generated(config, source_pages.page_uri(path), content=page))
+    index = source_pages.render_index(root, paths, table, by_number)
+    files.append(File.generated(config, source_pages.INDEX_URI, content=index))
+    for ex in all_exercises(root):
+        files.append(
+            File.generated(config, practice_page_uri(ex), content=_problem_page(ex, chapters))
+        )
     for uri, ch in _state["chapters"].items():
         if files.get_file_from_path(uri) is not None:
             raise PluginError(f"docs/{uri} would hide chapters/{ch.key}/chapter.md; remove it")
@@ -120,11 +191,16 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             files.append(File.generated(config, uri, abs_src_path=str(ch.prose_path)))
         else:
             files.append(File.generated(config, uri, content=_stub(ch)))
+        errors: List[str] = []
         try:
-            nb = build_notebook(root, ch, repo_url=config.repo_url or "")
+            nb = build_notebook(root, ch, repo_url=config.repo_url or "", errors=errors)
         except Exception as e:  # the page itself reports broken macros; this is anything else
             log.error(f"notebook for {ch.key} could not be built: {type(e).__name__}: {e}")
             continue
+        for message in errors:  # broken macros are the page's to report
+            if "@@" not in message:
+                log.error(f"notebook for {ch.key}: {message}")
+        notebook_outputs.attach(root, ch.key, nb)
         files.append(File.generated(config, ch.notebook_uri, content=notebook_json(nb)))
     return files
 
@@ -146,7 +222,8 @@ def _decorate_chapter(markdown: str, ch: Chapter, ctx: Context, config: MkDocsCo
         lines[:0], h1 = [f"# {ch.title}", ""], 0
     meta = []
     if ch.main:
-        meta.append(f"main: [`{ch.main}`]({ctx.blob_url(ch.main)})")
+        url = ctx.file_url(ch.main)
+        meta.append(f"main: [`{ch.main}`]({url})" if url else f"main: `{ch.main}`")
     meta.append(f"[:material-notebook-outline: notebook]({ctx.link_to(ch.notebook_uri)})")
     if ch.exercises:
         meta.append("practice: " + ", ".join(str(i) for i in ch.exercises))
@@ -168,7 +245,19 @@ def _decorate_chapter(markdown: str, ch: Chapter, ctx: Context, config: MkDocsCo
     return "\n".join(lines)
 
 
+def _prose_findings(markdown: str, page: Page) -> List[str]:
+    uri = page.file.src_uri
+    if source_pages.is_source_page(uri) or uri == source_pages.INDEX_URI:
+        return []
+    here = None
+    if uri.startswith("practice/"):  # a problem statement: paths may be relative to its folder
+        here = _state["root"] / "practice" / "exercises" / uri.removeprefix("practice/")[:-3]
+    return _state["checker"].check(markdown, uri, here)
+
+
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    for message in _prose_findings(markdown, page):
+        log.error(f"prose check: {message}")
     ctx = _context(page, config)
     result = expand(markdown, ctx)
     for message in result.errors:
@@ -182,9 +271,16 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
     return _decorate_chapter(result.text, ctx.chapter, ctx, config)
 
 
+def on_page_content(html: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    if source_pages.is_source_page(page.file.src_uri):
+        return source_pages.anchor_lines(html)
+    return html
+
+
 def on_serve(server: Any, config: MkDocsConfig, builder: Any) -> Any:
     root: Path = _state.get("root") or _root(config)
-    for folder in ("chapters", "minisgl", "examples", "outputs", "practice/exercises", "tools"):
+    folders = ("chapters", "outputs", "practice/exercises", "tools", *source_pages.SOURCE_DIRS)
+    for folder in folders:
         if (root / folder).exists():
             server.watch(str(root / folder))
     return server

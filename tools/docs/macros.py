@@ -8,7 +8,8 @@ and admonitions):
 
     @@code path:Symbol@@     the current source of a class, function, method (`Class.method`)
                              or module-level name, found with `ast`, decorators included,
-                             titled `path · Symbol` and linked to its lines on GitHub
+                             titled `path · Symbol` and linked to its lines in the
+                             site's source browser (tools/docs/source_pages.py)
     @@code path@@            the whole file (a chapter's main, say)
     @@tree@@ / @@tree N@@    the chapter's file tree, drawn by tools/manifest.py `render_tree`
                              from the manifests under the root (`python -m tools.steps tree N`)
@@ -23,6 +24,8 @@ Inline macros may sit anywhere in a line:
     @@upstream path:Symbol@@ a permalink to upstream mini-sglang at the pinned commit,
                              `path` relative to python/minisgl (docs/upstream_index.json)
     @@notebook@@             a link to the chapter's notebook
+    @@clone@@                how to get the book's repository: `git clone <repo_url>` when one
+                             is configured (BOOK_REPO_URL), else plain words
 
 Macros inside fenced code blocks and inline code spans are left alone, so a page can show
 the syntax itself.
@@ -38,12 +41,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tools import manifest
+from tools.docs import source_pages
 from tools.docs.chapters import Chapter, Exercise, all_exercises, find_exercise, load_chapters
 from tools.docs.symbols import SymbolError, find_symbol
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
 BLOCK_MACROS = {"code", "tree", "output", "exercises", "chapters", "practice"}
-INLINE_MACROS = {"upstream", "notebook"}
+INLINE_MACROS = {"upstream", "notebook", "clone"}
 MAIN_CELLS = "<!--@@main-cells@@-->"  # notebook mode: where the chapter's main becomes code cells
 UPSTREAM_REPO = "https://github.com/sgl-project/mini-sglang"
 UPSTREAM_ROOT = "python/minisgl"
@@ -63,6 +67,7 @@ class Context:
     `root` is the repository root; `page` the page's path in the docs tree (for relative
     links and messages); `chapter` the chapter the page belongs to, if any; `mode` is
     "site" (mkdocs-material markdown) or "notebook" (plain markdown for Jupyter).
+    `repo_url` is the book's repository when one is configured (BOOK_REPO_URL), else "".
     """
 
     root: Path
@@ -83,6 +88,29 @@ class Context:
         url = f"{self.repo_url.rstrip('/')}/blob/{self.branch}/{path}"
         return url + (f"#L{lines[0]}-L{lines[1]}" if lines else "")
 
+    def file_url(self, path: str, lines: Optional[Tuple[int, int]] = None) -> Optional[str]:
+        """Where a link to a repository file goes, or None when nowhere real.
+
+        On the site: its page in the source browser (`source/<path>/#L10-L20`), else the
+        repository when one is configured. In a notebook: the repository when configured,
+        else the file itself, relative to `notebooks/` (Jupyter opens it from a clone).
+        """
+        if self.mode == "site":
+            if source_pages.is_source_file(path) and (self.root / path).is_file():
+                return self.link_to(source_pages.page_uri(path)) + source_pages.line_fragment(lines)
+            return self.blob_url(path, lines) if self.repo_url else None
+        if self.repo_url:
+            return self.blob_url(path, lines)
+        return posixpath.join("..", path)
+
+    def problem_url(self, ex: Exercise) -> str:
+        """A practice problem's statement: its page on the site (tools/docs/hooks.py)."""
+        if self.mode == "site":
+            return self.link_to(practice_page_uri(ex))
+        if self.repo_url:
+            return self.blob_url(f"practice/exercises/{ex.folder.name}/problem.md")
+        return posixpath.join("..", "practice", "exercises", ex.folder.name, "problem.md")
+
     def link_to(self, site_path: str) -> str:
         """A relative link from this page to another file of the docs tree."""
         base = posixpath.dirname(self.page) or "."
@@ -96,6 +124,11 @@ class Expansion:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def practice_page_uri(ex: Exercise) -> str:
+    """The site page of a practice problem's statement: `practice/191_prefill_adder.md`."""
+    return f"practice/{ex.folder.name}.md"
 
 
 def _fenced(body: str, lang: str, title: str, mode: str) -> str:
@@ -169,9 +202,11 @@ def macro_code(arg: str, ctx: Context) -> str:
         body, span, title = found.text, (found.start, found.end), f"{path} · {symbol}"
     lang = "python" if path.endswith(".py") else ""
     where = f"{path}, lines {span[0]}–{span[1]}" if span else path
-    url = ctx.blob_url(path, span)
-    if ctx.mode == "site":
-        link = f"[:octicons-mark-github-16: {where}]({url}){{ .code-link }}"
+    url = ctx.file_url(path, span)
+    if url is None:
+        link = f"{where}{{ .code-link }}" if ctx.mode == "site" else where
+    elif ctx.mode == "site":
+        link = f"[:octicons-file-code-16: {where}]({url}){{ .code-link }}"
     else:
         link = f"[{where}]({url})"
     return _fenced(body, lang, title, ctx.mode) + "\n\n" + link
@@ -229,7 +264,7 @@ def macro_exercises(arg: str, ctx: Context) -> str:
                 f"exercise {exercise_id} (listed in {chapter.key}/chapter.toml): {e}"
             ) from e
         difficulty = f" ({ex.difficulty})" if ex.difficulty else ""
-        problem = ctx.blob_url(f"practice/exercises/{ex.folder.name}/problem.md")
+        problem = ctx.problem_url(ex)
         items.append(
             f"- **{ex.id}. {ex.title}**{difficulty}: [the problem]({problem}), "
             f"then judge your answer with `{ex.judge_command}`"
@@ -242,6 +277,12 @@ def macro_notebook(arg: str, ctx: Context) -> str:
     if ctx.mode == "notebook":
         return f"(this notebook is chapter {chapter.number} of the book)"
     return f"[:material-notebook-outline: this chapter as a notebook]({ctx.link_to(chapter.notebook_uri)})"
+
+
+def macro_clone(arg: str, ctx: Context) -> str:
+    if ctx.repo_url:
+        return f"`git clone {ctx.repo_url.rstrip('/')} mini-sglang-from-scratch`"
+    return "clone it from wherever you found this book, or unpack its archive"
 
 
 def macro_chapters(arg: str, ctx: Context) -> str:
@@ -257,7 +298,9 @@ def macro_chapters(arg: str, ctx: Context) -> str:
 
 def macro_practice(arg: str, ctx: Context) -> str:
     owner = {i: ch for ch in load_chapters(ctx.root) for i in ch.exercises}
-    rows = ["| Id | Problem | Difficulty | Chapter | Judge |", "|---|---|---|---|---|"]
+    # the judge command is the same for every row (`python practice/judge.py ID`): it is said
+    # once under the table, so the table keeps its width for the titles
+    rows = ["| Id | Problem | Difficulty | Chapter |", "|---|---|---|---|"]
 
     def reading_order(ex: Exercise) -> tuple:  # as `judge.py list`: by chapter, then id
         return (owner[ex.id].number if ex.id in owner else float("inf"), ex.id)
@@ -265,9 +308,15 @@ def macro_practice(arg: str, ctx: Context) -> str:
     for ex in sorted(all_exercises(ctx.root), key=reading_order):
         ch = owner.get(ex.id)
         chapter = f"[{ch.number}]({ctx.link_to(ch.page_uri)})" if ch else ""
-        problem = f"[{ex.title}]({ctx.blob_url(f'practice/exercises/{ex.folder.name}/problem.md')})"
-        rows.append(f"| {ex.id} | {problem} | {ex.difficulty} | {chapter} | `{ex.judge_command}` |")
-    return "\n".join(rows) if len(rows) > 2 else "No practice problems yet."
+        rows.append(
+            f"| {ex.id} | [{ex.title}]({ctx.problem_url(ex)}) | {ex.difficulty} | {chapter} |"
+        )
+    if len(rows) == 2:
+        return "No practice problems yet."
+    return (
+        "\n".join(rows)
+        + "\n\nJudge a problem with `python practice/judge.py ID`, e.g. `python practice/judge.py 191`."
+    )
 
 
 MACROS: Dict[str, Callable[[str, Context], str]] = {
@@ -277,6 +326,7 @@ MACROS: Dict[str, Callable[[str, Context], str]] = {
     "upstream": macro_upstream,
     "exercises": macro_exercises,
     "notebook": macro_notebook,
+    "clone": macro_clone,
     "chapters": macro_chapters,
     "practice": macro_practice,
 }
