@@ -96,7 +96,9 @@ def test_naive_trace_is_valid_and_equals_the_run(qwen3_path, tmp_path):
                 assert 0 <= p < num_pages and owners.setdefault(p, row["uid"]) == row["uid"]
         for r in step["reqs"]:
             assert r["extend_len"] == r["device_len"] - r["cached_len"]
-            assert r["new_pages"] == [p for p in r["pages"] if p not in held.get(r["uid"], [])]
+            fresh = r["pages"][r["cached_len"] :]  # page size 1: a page per position
+            assert r["new_pages"] == [p for p in fresh if p not in held.get(r["uid"], [])]
+            assert len(r["new_pages"]) == r["extend_len"]
             held[r["uid"]] = r["pages"]
             # the batch's rows are in the step's page table, with the same pages
             assert {"row": r["row"], "uid": r["uid"], "len": r["device_len"], "pages": r["pages"]} in step["rows"]  # fmt: skip

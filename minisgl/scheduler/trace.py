@@ -22,7 +22,8 @@ looking, not for benchmarks); it never runs inside a CUDA graph, only around ``f
   ``None`` with the naive cache;
 * ``handled_while_running``: under overlap scheduling (chapter 11), the step whose results
   the CPU handled while this one was on the device;
-* ``timings_ms``: CPU time to schedule, to launch and to handle results, and when it launched.
+* ``timings_ms``: CPU time to schedule, to launch and to handle results, and when it
+  launched and when its results were handled.
 
 The viewer is ``python -m tools.trace_view trace.json``. There is no upstream counterpart:
 mini-sglang logs; this file exists for the book.
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
 import torch
 
 from minisgl.env import ENV
+from minisgl.utils import div_ceil
 
 from .prefill import ChunkedReq
 
@@ -144,6 +146,7 @@ class TraceRecorder:
                 "launch_at": round((t - self._t0) * 1e3, 3),
                 "schedule": round(schedule_ms, 3),
                 "forward": None,
+                "handle_at": None,
                 "handle": None,
             },
         }
@@ -172,6 +175,7 @@ class TraceRecorder:
         if index is None:  # launched before the recorder was attached
             return
         step = self.steps[index]
+        step["timings_ms"]["handle_at"] = round((t - self._t0) * 1e3, 3)
         step["timings_ms"]["handle"] = round(handle_ms, 3)
         finished = self.scheduler.finished_reqs
         for rec, req, n in zip(step["reqs"], batch.reqs, before):
@@ -209,7 +213,10 @@ class TraceRecorder:
             "extend_len": req.extend_len,
             "chunked": isinstance(req, ChunkedReq),
             "pages": pages,
-            "new_pages": [p for p in pages if p not in held],
+            # pages before ceil(cached_len / P) were there already (its own, or the cache's)
+            "new_pages": [
+                p for p in pages[div_ceil(req.cached_len, self.page_size) :] if p not in held
+            ],
             "sampled": None,
             "text": None,
             "finished": False,
