@@ -10,6 +10,7 @@ Hugging Face generating each prompt on its own.
     python examples/ch07_scheduler.py [--model PATH] [--device cpu|cuda] [--plot timeline.png]
         [--trace trace.json]   (then: python -m tools.trace_view trace.json)
 """
+# output: trace
 
 import argparse
 import os

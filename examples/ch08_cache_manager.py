@@ -6,8 +6,9 @@ it is prefilled, decodes across a page boundary and finishes. Part 2 runs SmolLM
 a pool of only 10 pages, printing each step's free pages and the space reserved for the
 decoding requests: the third request waits until the first two leave.
 
-    python examples/ch08_cache_manager.py [--model PATH] [--device cpu|cuda]
+    python examples/ch08_cache_manager.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os

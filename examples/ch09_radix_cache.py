@@ -6,8 +6,9 @@ each prefill prints how much of the prompt was matched in the cache and how much
 computed, then the tree's size; evictions are printed as they happen, each node in the
 order it was evicted. Every output is compared with Hugging Face.
 
-    python examples/ch09_radix_cache.py [--model PATH] [--device cpu|cuda]
+    python examples/ch09_radix_cache.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os

@@ -5,8 +5,9 @@ the rest of the prompt continues first in the next step.
 Prints every step's batch (the positions each request computes), then checks that the
 chunked run gives the same tokens as prefilling in one go and as Hugging Face.
 
-    python examples/ch10_chunked_prefill.py [--model PATH] [--device cpu|cuda]
+    python examples/ch10_chunked_prefill.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os

@@ -11,7 +11,9 @@ launching thousands of small kernels per step, and there is nothing left to hide
 
     python examples/ch11_overlap.py [--model PATH] [--device cpu|cuda] [--requests N] [--max-tokens N]
         [--attention-backend auto|torch|fi] [--dtype float32|bfloat16] [--cuda-graph-max-bs N]
+        [--trace FILE]
 """
+# output: trace
 # output: mask \s*\d+\.\d+ ms
 # output: mask overlap is \d+\.\d+x
 
