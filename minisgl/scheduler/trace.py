@@ -72,6 +72,7 @@ class TraceRecorder:
         self._arrived: List[int] = []
         self._node_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._t0 = time.perf_counter()
+        self.overhead_s = 0.0  # CPU seconds spent recording, outside the methods it wraps
 
     # ---- attaching ----------------------------------------------------------------------
     @classmethod
@@ -90,7 +91,21 @@ class TraceRecorder:
         own = vars(obj).get(name)  # an example's own wrapper, put back on detach
 
         def wrapped(*args: Any) -> Any:
-            return hook(original, *args)
+            inside = 0.0  # time in the wrapped method itself (a nested hook's own time included)
+
+            def timed(*a: Any) -> Any:
+                nonlocal inside
+                t = time.perf_counter()
+                try:
+                    return original(*a)
+                finally:
+                    inside += time.perf_counter() - t
+
+            t = time.perf_counter()
+            try:
+                return hook(timed, *args)
+            finally:
+                self.overhead_s += time.perf_counter() - t - inside
 
         self._originals.append((obj, name, own))
         setattr(obj, name, wrapped)  # an instance attribute: the class is untouched
