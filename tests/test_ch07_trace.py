@@ -135,6 +135,10 @@ def test_radix_trace_records_locks_and_evictions(qwen3_path):
     before = next(i for i, s in enumerate(doc["steps"]) if s["evicted"]) - 1
     cached = {p for n in doc["steps"][before]["radix"]["nodes"] for p in n["pages"]}
     assert set(evicted) <= cached
+    for step in doc["steps"]:  # ids are unique, and every parent is in the same tree
+        ids = [n["id"] for n in step["radix"]["nodes"]]
+        assert len(set(ids)) == len(ids)
+        assert {n["parent"] for n in step["radix"]["nodes"]} <= {*ids, step["radix"]["root"]}
     last = doc["steps"][-1]["radix"]
     assert all(n["ref_count"] == 0 for n in last["nodes"])  # nothing runs any more
 

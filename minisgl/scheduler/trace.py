@@ -31,6 +31,7 @@ mini-sglang logs; this file exists for the book.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import weakref
@@ -71,6 +72,7 @@ class TraceRecorder:
         self._evicted: List[int] = []
         self._arrived: List[int] = []
         self._node_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._next_node_id = itertools.count()
         self._t0 = time.perf_counter()
         self.overhead_s = 0.0  # CPU seconds spent recording, outside the methods it wraps
 
@@ -270,7 +272,9 @@ class TraceRecorder:
         stack = [(root, None)]
         while stack:
             node, parent = stack.pop()
-            nid = self._node_ids.setdefault(node, len(self._node_ids))
+            nid = self._node_ids.get(node)
+            if nid is None:  # a node keeps its id for life; a new node (a split's) gets a new one
+                nid = self._node_ids[node] = next(self._next_node_id)
             if parent is not None:
                 pages = node.value[:: self.page_size].tolist()
                 nodes.append(
