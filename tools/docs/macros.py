@@ -241,9 +241,13 @@ def macro_trace(arg: str, ctx: Context) -> str:
     command = f"python examples/{name}.py --trace my.json && python -m tools.trace_view my.json"
     if ctx.mode != "site":
         return f"The book's page shows this run's trace in a viewer; record and view your own:\n\n    {command}"
-    url = ctx.link_to(TRACE_URI.format(name=name))
+    target = TRACE_URI.format(name=name)
+    url = ctx.link_to(target)  # a markdown link: mkdocs rewrites it for the page's URL
+    # raw HTML is not rewritten: relative to the page's URL, chapters/chNN_slug/ (directory URLs)
+    page_dir = ctx.page[: -len("index.md")] if ctx.page.endswith("index.md") else ctx.page[:-3]
+    src = posixpath.relpath(target, page_dir.rstrip("/") or ".")
     return (
-        f'<iframe class="trace-viewer" src="{url}" title="the scheduler trace of '
+        f'<iframe class="trace-viewer" src="{src}" title="the scheduler trace of '
         f'examples/{name}.py" loading="lazy"></iframe>\n\n'
         f"The scheduler's own record of the run above ([full page]({url})), step by step: "
         "&larr; and &rarr; step, space plays. Record and view your own with "
