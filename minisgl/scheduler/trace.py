@@ -67,7 +67,6 @@ class TraceRecorder:
         self._step_of: Dict[int, int] = {}  # id(batch) -> step index
         self._launched: int | None = None  # the last step launched
         self._held: Dict[int, Set[int]] = {}  # uid -> pages held at its last step
-        self._row_uid: Dict[int, int] = {}  # table row -> uid of its last holder
         self._free: Set[int] = set(self._free_pages())
         self._evicted: List[int] = []
         self._arrived: List[int] = []
@@ -221,7 +220,6 @@ class TraceRecorder:
         pages = self._pages_of(req.table_idx, req.device_len)
         held = self._held.get(req.uid, set())
         self._held[req.uid] = set(pages)
-        self._row_uid[req.table_idx] = req.uid
         return {
             "uid": req.uid,
             "row": req.table_idx,
