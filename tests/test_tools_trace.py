@@ -3,6 +3,7 @@
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,14 @@ def test_the_trace_macro_embeds_the_viewer_page():
     assert "<iframe" not in note and "python -m tools.trace_view my.json" in note
     with pytest.raises(MacroError, match="outputs/traces/ch99_nothing.json does not exist"):
         macro_trace("ch99_nothing", ctx)
+
+
+def test_without_jsonschema_the_format_and_version_are_still_checked(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # `import jsonschema` raises
+    doc = json.loads(BOOK_TRACES[0].read_text())
+    trace_view.validate(doc)
+    assert "jsonschema is not installed" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="trace version 2"):
+        trace_view.validate({**doc, "version": 2})
+    with pytest.raises(ValueError, match="format"):
+        trace_view.validate({"steps": []})

@@ -25,8 +25,23 @@ SCHEMA = Path(__file__).resolve().parents[2] / "minisgl" / "scheduler" / "trace.
 
 
 def validate(doc: Dict[str, Any]) -> None:
-    """Raise ``ValueError`` naming the first field that breaks the trace schema."""
-    import jsonschema
+    """Raise ``ValueError`` naming the first field that breaks the trace schema. Without the
+    ``jsonschema`` package (the dev extra) only the format and version are checked."""
+    if not isinstance(doc, dict) or doc.get("format") != "minisgl-trace":
+        raise ValueError("not a minisgl trace: its format is not 'minisgl-trace'")
+    try:
+        import jsonschema
+    except ImportError:
+        schema_version = json.loads(SCHEMA.read_text(encoding="utf-8"))["properties"]["version"]
+        if doc.get("version") != schema_version["const"]:
+            raise ValueError(
+                f"trace version {doc.get('version')}, the viewer reads {schema_version['const']}"
+            )
+        print(
+            "note: jsonschema is not installed; only the format and version were checked",
+            file=sys.stderr,
+        )
+        return
 
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
     error = jsonschema.exceptions.best_match(
