@@ -8,10 +8,13 @@ all its tokens leaves it at once. That is continuous batching. Every output is c
 Hugging Face generating each prompt on its own.
 
     python examples/ch07_scheduler.py [--model PATH] [--device cpu|cuda] [--plot timeline.png]
+        [--trace trace.json]   (then: python -m tools.trace_view trace.json)
 """
+# output: trace
 
 import argparse
 import os
+import sys
 from typing import Dict, List, Tuple
 
 import torch
@@ -27,6 +30,7 @@ parser.add_argument(
 )
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
 parser.add_argument("--plot", metavar="FILE", help="also draw the batch timeline to FILE (png/svg)")
+parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 
 ENV.DISABLE_OVERLAP_SCHEDULING.value = True
@@ -86,6 +90,10 @@ def traced_forward(forward_input):
 
 llm.receive_msg = receive_on_arrival
 llm._forward = traced_forward
+if args.trace:  # attached last: it wraps the printing hooks above
+    from minisgl.scheduler.trace import TraceRecorder
+
+    recorder = TraceRecorder.attach(llm)
 print("the scheduling trace (step, phase, batch size, tokens fed, [uid:tokens]):")
 outputs = llm.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths])
 
@@ -101,6 +109,9 @@ print(
     f"afterwards: {llm.table_manager.available_size} of 8 table rows free, "
     f"{llm.cache_manager.num_free_pages} of {llm.engine.num_pages} KV pages free"
 )
+if args.trace:
+    recorder.save(args.trace, example="ch07_scheduler", prompts=prompts)
+    print(f"trace written to {args.trace}", file=sys.stderr)  # stderr: the output stays the same
 llm.shutdown()
 
 if args.plot:

@@ -6,8 +6,9 @@ it is prefilled, decodes across a page boundary and finishes. Part 2 runs SmolLM
 a pool of only 10 pages, printing each step's free pages and the space reserved for the
 decoding requests: the third request waits until the first two leave.
 
-    python examples/ch08_cache_manager.py [--model PATH] [--device cpu|cuda]
+    python examples/ch08_cache_manager.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os
@@ -29,6 +30,7 @@ parser.add_argument(
     "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
 )
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
+parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 
 # ---- part 1: the managers by hand -------------------------------------------------------------
@@ -103,6 +105,10 @@ def traced_forward(forward_input):
 
 
 llm._forward = traced_forward
+if args.trace:  # attached last: it wraps the printing hook above
+    from minisgl.scheduler.trace import TraceRecorder
+
+    recorder = TraceRecorder.attach(llm)
 prompts = ["The capital of France is", "Once upon a time,", "List three prime numbers:"]
 params = SamplingParams(max_tokens=8, ignore_eos=True)
 lengths = [len(llm.tokenizer.encode(p)) for p in prompts]
@@ -111,6 +117,8 @@ print(
     f"prompt + 8 + (P - 1) tokens"
 )
 outputs = llm.generate(prompts, params)
+if args.trace:
+    recorder.save(args.trace, example="ch08_cache_manager", prompts=prompts)
 llm.cache_manager.check_integrity()
 print(f"  afterwards: {llm.cache_manager.num_free_pages}/10 pages free, check_integrity passed")
 

@@ -6,8 +6,9 @@ each prefill prints how much of the prompt was matched in the cache and how much
 computed, then the tree's size; evictions are printed as they happen, each node in the
 order it was evicted. Every output is compared with Hugging Face.
 
-    python examples/ch09_radix_cache.py [--model PATH] [--device cpu|cuda]
+    python examples/ch09_radix_cache.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os
@@ -24,6 +25,7 @@ parser.add_argument(
     "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
 )
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
+parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 
 SYSTEM = "You are a friendly assistant. You answer every question in one short sentence.\n"
@@ -105,10 +107,17 @@ for P in [1, 4]:
         return freed
 
     llm._forward, cache.evict = traced_forward, traced_evict
+    recorder = None
+    if args.trace and P == 1:  # the page-size-1 run: one token a page
+        from minisgl.scheduler.trace import TraceRecorder
+
+        recorder = TraceRecorder.attach(llm)
     for title, prompts in ROUNDS:
         print(f"  round: {title}")
         outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         same = all(o["token_ids"] == hf_greedy(p) for p, o in zip(prompts, outputs))
         print(f"    {tree_line(llm)}; outputs match HF: {same}")
+    if recorder is not None:
+        recorder.save(args.trace, example="ch09_radix_cache", rounds=[t for t, _ in ROUNDS])
     llm.cache_manager.check_integrity()
     llm.shutdown()

@@ -5,8 +5,9 @@ the rest of the prompt continues first in the next step.
 Prints every step's batch (the positions each request computes), then checks that the
 chunked run gives the same tokens as prefilling in one go and as Hugging Face.
 
-    python examples/ch10_chunked_prefill.py [--model PATH] [--device cpu|cuda]
+    python examples/ch10_chunked_prefill.py [--model PATH] [--device cpu|cuda] [--trace FILE]
 """
+# output: trace
 
 import argparse
 import os
@@ -24,6 +25,7 @@ parser.add_argument(
     "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
 )
 parser.add_argument("--device", default="cpu", help="cpu or cuda (the torch backend on both)")
+parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 
 prompts = [
@@ -68,7 +70,14 @@ def run(budget, trace):
         llm._forward = traced
         lengths = [len(llm.tokenizer.encode(p)) for p in prompts]
         print(f"max_extend_tokens={budget}: prompts of {lengths} tokens")
+    recorder = None
+    if trace and args.trace:  # the chunked run
+        from minisgl.scheduler.trace import TraceRecorder
+
+        recorder = TraceRecorder.attach(llm)
     outputs = [o["token_ids"] for o in llm.generate(prompts, params)]
+    if recorder is not None:
+        recorder.save(args.trace, example="ch10_chunked_prefill", prompts=prompts)
     llm.shutdown()
     return outputs
 

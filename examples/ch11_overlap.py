@@ -11,7 +11,9 @@ launching thousands of small kernels per step, and there is nothing left to hide
 
     python examples/ch11_overlap.py [--model PATH] [--device cpu|cuda] [--requests N] [--max-tokens N]
         [--attention-backend auto|torch|fi] [--dtype float32|bfloat16] [--cuda-graph-max-bs N]
+        [--trace FILE]
 """
+# output: trace
 # output: mask \s*\d+\.\d+ ms
 # output: mask overlap is \d+\.\d+x
 
@@ -44,6 +46,7 @@ parser.add_argument("--dtype", help="default: float32 on the CPU, bfloat16 on CU
 parser.add_argument(
     "--cuda-graph-max-bs", type=int, help="0 turns CUDA graphs off (default: the engine's)"
 )
+parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 cuda = args.device.startswith("cuda")
 backend = args.attention_backend or ("auto" if cuda else "torch")
@@ -112,7 +115,15 @@ if cuda:  # the first run on a GPU pays for allocations and kernel loading
     run(True)
 results = {}
 for overlap in [False, True]:
+    recorder = None
+    if overlap and args.trace:  # the overlapped run
+        from minisgl.scheduler.trace import TraceRecorder
+
+        recorder = TraceRecorder.attach(llm)
     outputs, seconds, timeline, start = run(overlap)
+    if recorder is not None:
+        recorder.detach()
+        recorder.save(args.trace, example="ch11_overlap", prompts=prompts)
     results[overlap] = (outputs, seconds, len(launched))
     print(
         f"overlap {'on' if overlap else 'off'}: {len(launched)} batches, first {args.timeline} events"

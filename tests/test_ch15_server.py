@@ -466,3 +466,56 @@ def test_the_shell_keeps_the_conversation_and_resets_it(monkeypatch, capsys):
     ]
     assert fm.chats[2] == [{"role": "user", "content": "Bye"}]  # after /reset
     assert "answer 2!" in capsys.readouterr().out
+
+
+def test_a_traced_server_records_eight_concurrent_clients(qwen3_path, tmp_path):
+    """`--trace FILE`: rank 0's scheduler is recorded (chapter 7's recorder) and the trace is
+    written when the server stops; requests that arrive while others run join the batch."""
+    import jsonschema
+
+    from minisgl.scheduler.trace import SCHEMA_PATH
+
+    path = tmp_path / "server-trace.json"
+    server = Server(qwen3_path, tmp_path / "server.log", "--trace", str(path)).wait_ready()
+    lengths = [24, 6, 18, 3, 12, 9, 20, 4]
+    try:
+        client = openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120
+        )
+
+        async def one(i, n):
+            await asyncio.sleep(0.05 * i)  # they arrive one after another, as clients do
+            r = await client.completions.create(
+                model="tiny-qwen3",
+                prompt=PROMPTS[i % len(PROMPTS)],
+                max_tokens=n,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            return r.usage.completion_tokens
+
+        async def main():
+            return await asyncio.gather(*[one(i, n) for i, n in enumerate(lengths)])
+
+        assert asyncio.run(main()) == lengths
+        wait_until_idle(server)
+    finally:
+        assert server.stop(signal.SIGTERM) == 0, server.log.read_text()[-3000:]
+    doc = json.loads(path.read_text())
+    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(doc)
+    assert doc["meta"] == {"source": "python -m minisgl"} and doc["config"]["overlap"] is True
+    by_uid = {r["uid"]: r["max_tokens"] for r in doc["requests"]}
+    assert sorted(by_uid.values()) == sorted(lengths)
+    sampled = {}
+    for step in doc["steps"]:
+        for r in step["reqs"]:
+            sampled[r["uid"]] = sampled.get(r["uid"], 0) + (r["sampled"] is not None)
+    assert sampled == by_uid  # every token each client received, and no more
+    assert max(len(s["reqs"]) for s in doc["steps"]) > 1
+    # at least one request was prefilled while others held their rows: it joined them
+    assert any(
+        s["kind"] == "prefill" and {r["uid"] for r in s["rows"]} - {r["uid"] for r in s["reqs"]}
+        for s in doc["steps"]
+    )
+    finished = [r["uid"] for s in doc["steps"] for r in s["reqs"] if r["finished"]]
+    assert sorted(finished) == sorted(by_uid)

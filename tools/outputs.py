@@ -20,6 +20,10 @@ Nondeterministic output is declared in the example itself, by a comment line:
                                     (e.g. `# output: mask \\d+\\.\\d+ ms`); --check replaces
                                     every match by `…` in both the old and the new output
                                     before comparing. Several mask lines may be given.
+    # output: trace                 the example also records a scheduler trace: it runs with
+                                    `--trace outputs/traces/<name>.json` (the viewer the book
+                                    embeds, tools/trace_view); --check records a fresh trace
+                                    and compares it with the stored one, timings left out
 
 `--check` prints a unified diff per stale file and exits 1 listing them; a missing output
 counts as stale. With `--from-steps` it takes an example's stdout from the last
@@ -35,10 +39,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
@@ -52,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = re.compile(r"^#\s*capture-output\s*$", re.M)
 NONDETERMINISTIC = re.compile(r"^#\s*output:\s*nondeterministic\s*$", re.M)
 MASK = re.compile(r"^#\s*output:\s*mask\s+(.+?)\s*$", re.M)
+TRACE = re.compile(r"^#\s*output:\s*trace\s*$", re.M)
+TRACES = Path("outputs") / "traces"
 
 
 @dataclass
@@ -62,6 +70,7 @@ class Example:
     path: Path
     deterministic: bool = True
     masks: List[str] = field(default_factory=list)
+    trace: bool = False  # also writes outputs/traces/<name>.json
 
     def normalise(self, text: str) -> str:
         for pattern in self.masks:
@@ -78,12 +87,21 @@ def discover(root: Path) -> List[Example]:
     examples = []
     for p in sorted(paths):
         text = p.read_text(encoding="utf-8") if p.is_file() else ""
-        examples.append(Example(p.stem, p, not NONDETERMINISTIC.search(text), MASK.findall(text)))
+        examples.append(
+            Example(
+                p.stem,
+                p,
+                not NONDETERMINISTIC.search(text),
+                MASK.findall(text),
+                bool(TRACE.search(text)),
+            )
+        )
     return examples
 
 
-def run(example: Example, root: Path, timeout: float) -> str:
-    """The example's stdout. Raises RuntimeError (with the stderr tail) if it fails or times out."""
+def run(example: Example, root: Path, timeout: float, trace: Optional[Path] = None) -> str:
+    """The example's stdout (with ``trace``, it also records its trace there). Raises
+    RuntimeError (with the stderr tail) if it fails or times out."""
     if not example.path.is_file():
         raise RuntimeError(f"{example.path.relative_to(root)} does not exist")
     env = dict(
@@ -95,7 +113,8 @@ def run(example: Example, root: Path, timeout: float) -> str:
     )
     try:
         proc = subprocess.run(
-            [sys.executable, str(example.path.relative_to(root))],
+            [sys.executable, str(example.path.relative_to(root))]
+            + ([] if trace is None else ["--trace", str(trace)]),
             cwd=root,
             env=env,
             capture_output=True,
@@ -112,19 +131,41 @@ def run(example: Example, root: Path, timeout: float) -> str:
 
 def _stdout(
     example: Example, root: Path, timeout: float, reuse: bool
-) -> Tuple[Union[str, RuntimeError], str]:
-    """(the example's stdout, or the error of its run; where it came from, for the report)."""
+) -> Tuple[Union[str, RuntimeError], str, Optional[str]]:
+    """(the example's stdout, or the error of its run; where it came from, for the report;
+    the trace it recorded, for a trace example)."""
+    if example.trace:  # a trace is only recorded by running it: no reuse
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{example.name}.json"
+            try:
+                text = run(example, root, timeout, trace=path)
+            except RuntimeError as err:
+                return err, "", None
+            if not path.is_file():
+                return RuntimeError(f"--trace {path} wrote no file"), "", None
+            return text, "", path.read_text(encoding="utf-8")
     if reuse:
         text = captured.load(root, example.name)
         if text is not None:
             return (
                 text,
                 f" (stdout of the same files from tools.steps check, {captured.STORE.as_posix()})",
+                None,
             )
     try:
-        return run(example, root, timeout), ""
+        return run(example, root, timeout), "", None
     except RuntimeError as err:
-        return err, ""
+        return err, "", None
+
+
+def trace_core(text: str) -> List[str]:
+    """A trace's steps without their timings, one JSON line each: what --check compares."""
+    doc = json.loads(text)
+    lines = []
+    for step in doc.pop("steps"):
+        step.pop("timings_ms", None)
+        lines.append(json.dumps(step, sort_keys=True))
+    return [json.dumps(doc, sort_keys=True), *lines]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -169,6 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if e.masks
                 else "checked"
             )
+            how = how + (", records a trace" if e.trace else "")
             how = how if e.path.is_file() else "not written yet"
             print(f"{e.name:<28} {how}")
         return 0
@@ -186,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             todo.append(e)
     reuse = args.check and args.from_steps
     results = in_order([(_stdout, (e, root, args.timeout, reuse)) for e in todo], args.jobs)
-    for e, (text, source) in zip(todo, results, strict=True):
+    for e, (text, source, trace) in zip(todo, results, strict=True):
         target = out_dir / f"{e.name}.txt"
         if isinstance(text, RuntimeError):
             print(f"FAIL  {e.name}: {text}", file=sys.stderr)
@@ -206,9 +248,33 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print("\n".join(diff))
             else:
                 print(f"ok    {e.name}{source}")
+            if trace is not None:
+                stored = root / TRACES / f"{e.name}.json"
+                old_steps = (
+                    trace_core(stored.read_text(encoding="utf-8")) if stored.is_file() else []
+                )
+                new_steps = trace_core(trace)
+                if old_steps != new_steps:
+                    stale.append((TRACES / f"{e.name}.json").as_posix())
+                    first = next(
+                        (i for i, (a, b) in enumerate(zip(old_steps, new_steps)) if a != b),
+                        min(len(old_steps), len(new_steps)),
+                    )
+                    what = "the header" if first == 0 else f"step {first - 1}"
+                    print(
+                        f"stale {TRACES.as_posix()}/{e.name}.json: {what} differs (timings aside)"
+                    )
+                else:
+                    print(f"ok    {TRACES.as_posix()}/{e.name}.json (timings aside)")
         else:
             target.write_text(text, encoding="utf-8")
             print(f"wrote outputs/{e.name}.txt ({len(text.splitlines())} lines)")
+            if trace is not None:
+                (root / TRACES).mkdir(parents=True, exist_ok=True)
+                (root / TRACES / f"{e.name}.json").write_text(trace, encoding="utf-8")
+                print(
+                    f"wrote {TRACES.as_posix()}/{e.name}.json ({len(json.loads(trace)['steps'])} steps)"
+                )
     if stale:
         print(f"stale: {', '.join(stale)} (rerun python -m tools.outputs)", file=sys.stderr)
     if failed:

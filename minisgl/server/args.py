@@ -26,6 +26,7 @@ class ServerArgs(SchedulerConfig):
     server_host: str = "127.0.0.1"
     server_port: int = 1919
     served_model_name: str = ""  # the ``model`` clients must name; default: the folder's name
+    trace_path: str | None = None  # --trace: rank 0 records its steps there (chapter 7's recorder)
     shell: bool = False
 
     @property
@@ -128,6 +129,15 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     )
     p.add_argument(
         "--shell", action="store_true", help="chat in this terminal instead of serving HTTP"
+    )
+    p.add_argument(
+        "--trace",
+        dest="trace_path",
+        metavar="FILE",
+        default=None,
+        help="record the scheduler's steps, written to FILE (JSON) when the server stops; it "
+        "grows with every step and syncs the device once a step: for short sessions "
+        "(view it: python -m tools.trace_view FILE)",
     )
     p.add_argument(
         "--tp",

@@ -84,9 +84,13 @@ def _scheduler_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
 
     from minisgl.scheduler import Scheduler
 
-    scheduler = None
+    scheduler = recorder = None
     try:
         scheduler = Scheduler(args)
+        if args.trace_path and args.tp_info.rank == 0:  # opt-in; without it nothing is wrapped
+            from minisgl.scheduler.trace import TraceRecorder
+
+            recorder = TraceRecorder.attach(scheduler)
         ack.put(
             {"name": f"scheduler-{args.tp_info.rank}", "max_seq_len": scheduler.engine.max_seq_len}
         )
@@ -95,6 +99,8 @@ def _scheduler_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if recorder is not None:
+            recorder.save(args.trace_path, source="python -m minisgl")
         if scheduler is not None:
             scheduler.stop_io()
     _exit_now()

@@ -11,7 +11,9 @@ mkdocs_hooks.py at the root, which imports these).
   the site as `notebooks/chNN_<slug>.ipynb` (tools/notebooks.py, with the outputs stored
   by `python -m tools.notebooks --execute`). The source browser's pages
   (`source/<path>.md`, tools/docs/source_pages.py) and one page per practice problem
-  (`practice/<id>_<slug>.md`, from its problem.md) are generated too.
+  (`practice/<id>_<slug>.md`, from its problem.md) are generated too, and the trace viewer's
+  page `traces/<name>.html` for each stored trace outputs/traces/<name>.json
+  (tools/trace_view: the `@@trace name@@` macro embeds it).
 * on_page_content: a source page's lines get their anchors `#L<n>`.
 * on_page_markdown: checks the prose against the code (tools/docs/prose_check.py: every
   engine symbol, repository file and chapter number it names must exist, and a chapter's
@@ -27,6 +29,7 @@ mkdocs_hooks.py at the root, which imports these).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -38,10 +41,17 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-from tools import notebook_outputs
+from tools import notebook_outputs, trace_view
 from tools.docs import source_pages
 from tools.docs.chapters import Chapter, Exercise, all_exercises, load_chapters
-from tools.docs.macros import Context, MacroError, expand, load_upstream_index, practice_page_uri
+from tools.docs.macros import (
+    TRACE_URI,
+    Context,
+    MacroError,
+    expand,
+    load_upstream_index,
+    practice_page_uri,
+)
 from tools.docs.prose_check import Checker
 from tools.notebooks import build_notebook, notebook_json
 
@@ -180,6 +190,13 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
         files.append(File.generated(config, source_pages.page_uri(path), content=page))
     index = source_pages.render_index(root, paths, table, by_number)
     files.append(File.generated(config, source_pages.INDEX_URI, content=index))
+    for trace in sorted((root / "outputs" / "traces").glob("*.json")):
+        try:
+            page = trace_view.render(json.loads(trace.read_text(encoding="utf-8")))
+        except ValueError as e:
+            log.error(f"outputs/traces/{trace.name}: {e}")
+            continue
+        files.append(File.generated(config, TRACE_URI.format(name=trace.stem), content=page))
     for ex in all_exercises(root):
         files.append(
             File.generated(config, practice_page_uri(ex), content=_problem_page(ex, chapters))

@@ -15,6 +15,8 @@ and admonitions):
                              from the manifests under the root (`python -m tools.steps tree N`)
     @@output name@@          the captured stdout of examples/name.py (outputs/name.txt,
                              written by `python -m tools.outputs`)
+    @@trace name@@           the trace viewer (tools/trace_view) on the scheduler trace that
+                             examples/name.py recorded (outputs/traces/name.json)
     @@exercises@@            the chapter's practice problems and their judge commands
     @@chapters@@             the table of all chapters (docs pages)
     @@practice@@             the table of all practice problems (docs pages)
@@ -46,7 +48,7 @@ from tools.docs.chapters import Chapter, Exercise, all_exercises, find_exercise,
 from tools.docs.symbols import SymbolError, find_symbol
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
-BLOCK_MACROS = {"code", "tree", "output", "exercises", "chapters", "practice"}
+BLOCK_MACROS = {"code", "tree", "output", "trace", "exercises", "chapters", "practice"}
 INLINE_MACROS = {"upstream", "notebook", "clone"}
 MAIN_CELLS = "<!--@@main-cells@@-->"  # notebook mode: where the chapter's main becomes code cells
 UPSTREAM_REPO = "https://github.com/sgl-project/mini-sglang"
@@ -223,6 +225,36 @@ def macro_output(arg: str, ctx: Context) -> str:
     return _fenced(body, "text", f"python examples/{name}.py", ctx.mode)
 
 
+TRACE_URI = "traces/{name}.html"  # the viewer page the docs hook renders from the stored trace
+
+
+def macro_trace(arg: str, ctx: Context) -> str:
+    name = arg.strip().removesuffix(".py").removeprefix("examples/")
+    if not name:
+        raise MacroError("needs the example's name: @@trace ch07_scheduler@@")
+    path = ctx.root / "outputs" / "traces" / f"{name}.json"
+    if not path.is_file():
+        raise MacroError(
+            f"outputs/traces/{name}.json does not exist (mark examples/{name}.py "
+            f"`# output: trace` and run python -m tools.outputs {name})"
+        )
+    command = f"python examples/{name}.py --trace my.json && python -m tools.trace_view my.json"
+    if ctx.mode != "site":
+        return f"The book's page shows this run's trace in a viewer; record and view your own:\n\n    {command}"
+    target = TRACE_URI.format(name=name)
+    url = ctx.link_to(target)  # a markdown link: mkdocs rewrites it for the page's URL
+    # raw HTML is not rewritten: relative to the page's URL, chapters/chNN_slug/ (directory URLs)
+    page_dir = ctx.page[: -len("index.md")] if ctx.page.endswith("index.md") else ctx.page[:-3]
+    src = posixpath.relpath(target, page_dir.rstrip("/") or ".")
+    return (
+        f'<iframe class="trace-viewer" src="{src}" title="the scheduler trace of '
+        f'examples/{name}.py" loading="lazy"></iframe>\n\n'
+        f"The scheduler's own record of the run above ([full page]({url})), step by step: "
+        "&larr; and &rarr; step, space plays. Record and view your own with "
+        f"`{command}`.\n{{ .trace-caption }}"
+    )
+
+
 def macro_tree(arg: str, ctx: Context) -> str:
     chapter = _chapter_arg(arg, ctx, "tree")
     try:  # the manifests are read again on every page: the tree follows edits under serve
@@ -322,6 +354,7 @@ def macro_practice(arg: str, ctx: Context) -> str:
 MACROS: Dict[str, Callable[[str, Context], str]] = {
     "code": macro_code,
     "output": macro_output,
+    "trace": macro_trace,
     "tree": macro_tree,
     "upstream": macro_upstream,
     "exercises": macro_exercises,

@@ -1,0 +1,189 @@
+"""The scheduler trace (minisgl/scheduler/trace.py): what it records equals what ran, and every
+document it writes is valid against its versioned JSON Schema."""
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from minisgl.core import SamplingParams
+from minisgl.env import ENV
+from minisgl.llm import LLM
+from minisgl.scheduler.trace import SCHEMA_PATH, SCHEMA_VERSION, TraceRecorder
+from tests.helpers import DEVICE
+
+PROMPTS = [
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+    "1 + 1 =",
+]
+LENGTHS = [5, 2, 4, 1]
+
+
+def build_llm(path, overlap=False, **kwargs):
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    options = dict(
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_running_req=4,
+        num_page_override=256,
+        max_seq_len_override=128,
+        cache_type="naive",
+    )
+    options.update(kwargs)
+    return LLM(str(path), **options)
+
+
+def validate(doc):
+    schema = json.loads(SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def record(llm, prompts, lengths):
+    """Run ``generate`` under a recorder and, independently, a plain log of each batch."""
+    batches, original = [], llm._forward
+
+    def logged(forward_input):
+        b = forward_input.batch
+        batches.append((b.phase, [(r.uid, r.cached_len, r.device_len) for r in b.reqs]))
+        return original(forward_input)
+
+    llm._forward = logged
+    rec = TraceRecorder.attach(llm)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    outputs = llm.generate(prompts, params)
+    return rec, outputs, batches
+
+
+def sampled_by_uid(doc):
+    out = {}
+    for step in doc["steps"]:
+        for r in step["reqs"]:
+            if r["sampled"] is not None:
+                out.setdefault(r["uid"], []).append(r["sampled"])
+    return out
+
+
+def test_naive_trace_is_valid_and_equals_the_run(qwen3_path, tmp_path):
+    llm = build_llm(qwen3_path)
+    rec, outputs, batches = record(llm, PROMPTS, LENGTHS)
+    path = rec.save(tmp_path / "t.json", example="test")
+    doc = json.loads(path.read_text())
+    llm.shutdown()
+    validate(doc)
+    assert doc["version"] == SCHEMA_VERSION and doc["meta"] == {"example": "test"}
+    assert doc["config"]["cache_type"] == "naive" and doc["config"]["overlap"] is False
+    assert [(s["kind"], [(r["uid"], r["cached_len"], r["device_len"]) for r in s["reqs"]])
+            for s in doc["steps"]] == batches  # fmt: skip
+    assert [s["index"] for s in doc["steps"]] == list(range(len(batches)))
+    # every token each request produced, in order, and nothing else
+    assert sampled_by_uid(doc) == {i: o["token_ids"] for i, o in enumerate(outputs)}
+    assert [(r["uid"], r["prompt_len"], r["max_tokens"]) for r in doc["requests"]] == [
+        (i, len(llm.tokenizer.encode(p)), n) for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS))
+    ]
+    num_pages = doc["config"]["num_pages"]
+    held = {}  # uid -> pages
+    for step in doc["steps"]:
+        assert step["num_tokens"] == sum(r["extend_len"] for r in step["reqs"])
+        owners = {}
+        for row in step["rows"]:
+            assert len(row["pages"]) == row["len"]  # page size 1: a page per position
+            for p in row["pages"]:
+                assert 0 <= p < num_pages and owners.setdefault(p, row["uid"]) == row["uid"]
+        for r in step["reqs"]:
+            assert r["extend_len"] == r["device_len"] - r["cached_len"]
+            fresh = r["pages"][r["cached_len"] :]  # page size 1: a page per position
+            assert r["new_pages"] == [p for p in fresh if p not in held.get(r["uid"], [])]
+            assert len(r["new_pages"]) == r["extend_len"]
+            held[r["uid"]] = r["pages"]
+            # the batch's rows are in the step's page table, with the same pages
+            assert {"row": r["row"], "uid": r["uid"], "len": r["device_len"], "pages": r["pages"]} in step["rows"]  # fmt: skip
+        finished = [r for r in step["reqs"] if r["finished"]]
+        # a finished request's pages (the naive cache keeps none) go back to the free list
+        assert sorted(p for r in finished for p in r["pages"]) == step["freed"]
+    assert doc["steps"][-1]["free_pages"] == num_pages
+    assert {r["uid"] for s in doc["steps"] for r in s["reqs"] if r["finished"]} == set(range(4))
+
+
+def test_radix_trace_records_locks_and_evictions(qwen3_path):
+    # 48 pages: the second round's prompts do not fit beside the first round's cached KV
+    llm = build_llm(qwen3_path, cache_type="radix", num_page_override=48)
+    shared = "Here is a list of the planets of the solar system, in order:"
+    rec, outputs, _ = record(llm, [shared + " Mercury", shared + " Venus"], [3, 3])
+    llm.generate(
+        ["Once upon a time, in a land far away, there lived a king with three daughters"] * 2,
+        SamplingParams(max_tokens=4, ignore_eos=True),
+    )
+    doc = rec.document()
+    llm.shutdown()
+    validate(doc)
+    first = doc["steps"][0]
+    assert first["kind"] == "prefill" and first["radix"] is not None
+    nodes = first["radix"]["nodes"]
+    # after the first prefill both prompts are in the tree: a shared edge locked twice, split
+    # into two locked leaves (each prompt minus the last token it must compute)
+    shared_node = next(n for n in nodes if n["parent"] == first["radix"]["root"])
+    assert shared_node["ref_count"] == 2
+    assert sorted(n["ref_count"] for n in nodes if n["parent"] == shared_node["id"]) == [1, 1]
+    assert first["radix"]["protected_tokens"] == sum(n["length"] for n in nodes)
+    evicted = [p for s in doc["steps"] for p in s["evicted"]]
+    assert evicted, "the second round must evict the first round's prefixes"
+    before = next(i for i, s in enumerate(doc["steps"]) if s["evicted"]) - 1
+    cached = {p for n in doc["steps"][before]["radix"]["nodes"] for p in n["pages"]}
+    assert set(evicted) <= cached
+    for step in doc["steps"]:  # ids are unique, and every parent is in the same tree
+        ids = [n["id"] for n in step["radix"]["nodes"]]
+        assert len(set(ids)) == len(ids)
+        assert {n["parent"] for n in step["radix"]["nodes"]} <= {*ids, step["radix"]["root"]}
+    last = doc["steps"][-1]["radix"]
+    assert all(n["ref_count"] == 0 for n in last["nodes"])  # nothing runs any more
+
+
+def test_overlap_trace_names_the_batch_handled_while_each_ran(qwen3_path):
+    llm = build_llm(qwen3_path, overlap=True)
+    rec, outputs, batches = record(llm, PROMPTS, LENGTHS)
+    doc = rec.document()
+    llm.shutdown()
+    validate(doc)
+    assert doc["config"]["overlap"] is True
+    steps = doc["steps"]
+    assert len(steps) == len(batches)
+    # batch k+1 is launched before batch k's results are handled, except after an idle gap
+    overlapped = [s["index"] for s in steps if s["handled_while_running"] is not None]
+    assert overlapped and all(steps[i]["handled_while_running"] == i - 1 for i in overlapped)
+    assert sampled_by_uid(doc) == {i: o["token_ids"] for i, o in enumerate(outputs)}
+
+
+def test_chunks_are_marked_and_sample_nothing(qwen3_path):
+    llm = build_llm(qwen3_path, max_extend_tokens=4)
+    rec, outputs, _ = record(llm, ["Once upon a time, in a land far away, there lived"], [2])
+    doc = rec.document()
+    llm.shutdown()
+    validate(doc)
+    prefills = [s["reqs"][0] for s in doc["steps"] if s["kind"] == "prefill"]
+    assert len(prefills) > 1 and all(r["extend_len"] <= 4 for r in prefills)
+    assert all(r["chunked"] and r["sampled"] is None for r in prefills[:-1])
+    assert not prefills[-1]["chunked"] and prefills[-1]["sampled"] == outputs[0]["token_ids"][0]
+
+
+def test_detach_restores_the_scheduler(qwen3_path):
+    llm = build_llm(qwen3_path)
+    assert not {"_prepare_batch", "_forward", "_process_last_data"} & set(vars(llm))
+    rec = TraceRecorder.attach(llm)
+    assert {"_prepare_batch", "_forward", "_process_last_data"} <= set(vars(llm))
+    rec.detach()
+    assert not {"_prepare_batch", "_forward", "_process_last_data"} & set(vars(llm))
+    assert "evict" not in vars(llm.cache_manager.prefix_cache)
+    llm.generate(["1 + 1 ="], SamplingParams(max_tokens=2, ignore_eos=True))
+    llm.shutdown()
+    assert rec.steps == []
+
+
+def test_a_broken_document_is_rejected():
+    doc = {"format": "minisgl-trace", "version": SCHEMA_VERSION, "meta": {}, "config": {}}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)

@@ -1,0 +1,5 @@
+import sys
+
+from tools.trace_view import main
+
+sys.exit(main())
