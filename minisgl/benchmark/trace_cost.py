@@ -1,8 +1,8 @@
 """What the scheduler trace recorder costs when it is on: chapter 7's requests, timed with
 and without a ``TraceRecorder`` attached (minisgl/scheduler/trace.py).
 
-    python benchmarks/trace_cost.py [--model PATH] [--device cpu|cuda] [--runs 7]
-                                    [--requests N] [--max-tokens N]
+    python -m minisgl.benchmark.trace_cost [--model PATH] [--device cpu|cuda] [--runs 7]
+                                       [--requests N] [--max-tokens N]
 
 One ``LLM`` (chapter 7's settings: naive cache, overlap off, the torch backend on the CPU)
 runs the same ``generate`` ``--runs`` times each way, alternating (off, on, off, on, ...) so
