@@ -37,6 +37,7 @@ from minisgl.scheduler import Scheduler
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
+from minisgl.scheduler.retract import NewTokenRatio
 from minisgl.scheduler.scheduler import ForwardInput
 from minisgl.scheduler.table import TableManager
 from minisgl.utils.device import NullEvent, NullStream
@@ -321,6 +322,7 @@ class _FakeEngine(Scheduler):
         max_seq_len: int = 256,
         cache_type: str = "radix",
         max_extend_tokens: int = 8192,
+        enable_retraction: bool = False,
     ) -> None:
         # what Scheduler.__init__ builds, minus the Engine
         page_table = torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32)
@@ -343,6 +345,8 @@ class _FakeEngine(Scheduler):
         self.eos_token_ids = {FAKE_EOS}
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
+        self.enable_retraction = enable_retraction
+        self.new_token_ratio = NewTokenRatio() if enable_retraction else NewTokenRatio.reserve_all()
         self.kv = torch.full(
             (num_pages * page_size,), -1, dtype=torch.int64
         )  # code of (token, pos)
@@ -385,7 +389,8 @@ class _FakeEngine(Scheduler):
 
 class FakeEngineScheduler(ScriptMixin, _FakeEngine):
     """``FakeEngineScheduler(num_pages=8, page_size=4, cache_type="radix",
-    max_extend_tokens=16, max_running_req=4, max_seq_len=256)``; then ``run_script``."""
+    max_extend_tokens=16, max_running_req=4, max_seq_len=256, enable_retraction=False)``;
+    then ``run_script``."""
 
 
 class ScriptedLLM(ScriptMixin, LLM):
