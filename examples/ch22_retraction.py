@@ -58,7 +58,7 @@ reported: set = set()
 def traced_forward(forward_input):
     batch = forward_input.batch
     detail = " ".join(f"uid{r.uid}[{r.cached_len},{r.device_len})" for r in batch.reqs)
-    ratio = llm.new_token_ratio.value
+    ratio = llm.retract_manager.new_token_ratio.value
     output = original_forward(forward_input)
     print(
         f"  {batch.phase:<7} {detail:<34} free pages {llm.cache_manager.num_free_pages}/9, "

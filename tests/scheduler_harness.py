@@ -37,7 +37,6 @@ from minisgl.scheduler import Scheduler
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
-from minisgl.scheduler.retract import NewTokenRatio
 from minisgl.scheduler.scheduler import ForwardInput
 from minisgl.scheduler.table import TableManager
 from minisgl.utils.device import NullEvent, NullStream
@@ -345,8 +344,11 @@ class _FakeEngine(Scheduler):
         self.eos_token_ids = {FAKE_EOS}
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
-        self.enable_retraction = enable_retraction
-        self.new_token_ratio = NewTokenRatio() if enable_retraction else NewTokenRatio.reserve_all()
+        self.retract_manager = None
+        if enable_retraction:  # chapter 22's module, absent from earlier chapters' trees
+            from minisgl.scheduler.retract import RetractManager
+
+            self.retract_manager = RetractManager()
         self.kv = torch.full(
             (num_pages * page_size,), -1, dtype=torch.int64
         )  # code of (token, pos)

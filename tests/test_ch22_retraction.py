@@ -11,12 +11,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-import minisgl.scheduler.scheduler as scheduler_module
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
+from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.retract import (
     NewTokenRatio,
+    RetractManager,
     pages_for_next_decode,
     retract_order,
 )
@@ -53,14 +54,14 @@ def req(uid: int, prompt_len: int, max_tokens: int, generated: int = 0) -> Req:
 def counting_retractions() -> Iterator[Counter]:
     """uid -> how many times the scheduler retracted it, while the block runs."""
     counts: Counter = Counter()
-    real = scheduler_module.retract_decode
+    real = RetractManager.retract_decode
 
-    def counted(s):
-        out = real(s)
+    def counted(self, s):
+        out = real(self, s)
         counts.update(p.uid for p in out)
         return out
 
-    with mock.patch.object(scheduler_module, "retract_decode", counted):
+    with mock.patch.object(RetractManager, "retract_decode", counted):
         yield counts
 
 
@@ -86,11 +87,11 @@ def test_the_ratio_decays_to_its_floor_and_a_retraction_resets_it_upward():
         NewTokenRatio(init=0.5, floor=0.6)
 
 
-def test_reserve_all_is_chapter_7s_admission():
-    ratio = NewTokenRatio.reserve_all()
-    for _ in range(100):
-        ratio.decay_one_step()
-    assert ratio.value == 1.0 and ratio.estimate(4093) == 4093
+def test_the_decode_reservation_scales_each_remaining_budget_and_rounds_up():
+    dm = DecodeManager(page_size=4)
+    dm.running_reqs = {req(0, 4, 10, generated=3), req(1, 4, 100, generated=1)}  # 7 and 99 left
+    assert dm.estimated_tokens(1.0) == dm.inflight_tokens == 7 + 99 + 2 * 3
+    assert dm.estimated_tokens(0.5) == 4 + 50 + 2 * 3  # ceil(3.5) and ceil(49.5)
 
 
 def test_the_longest_remaining_output_is_retracted_first():
@@ -234,7 +235,7 @@ def check_retraction_workload(w: Workload, decay: float = NewTokenRatio().decay)
         max_seq_len=CONTEXT,
         enable_retraction=True,
     )
-    s.new_token_ratio = NewTokenRatio(decay=decay)
+    s.retract_manager = RetractManager(NewTokenRatio(decay=decay))
     with counting_retractions() as retracted:
         run_script(s, w.script(), w.overlap, max_steps=1000)
     out = s.outputs()

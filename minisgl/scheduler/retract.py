@@ -5,13 +5,14 @@ Chapter 7's admission reserves every output token a request may produce (``max_t
 so a request that never uses its budget still blocks the queue. With retraction on, the
 ``PrefillAdder`` reserves ``ceil(remaining output * new_token_ratio)`` instead; the ratio
 starts conservative, decays a little with every decode step, and is pushed back up when a
-decode step finds too few pages and ``retract_decode`` has to free some by retracting
+decode step finds too few pages and ``RetractManager.retract_decode`` frees some by retracting
 running requests. A retracted request keeps the tokens it generated and waits at the head
 of the queue; its next prefill recomputes the KV of prompt + output (much of it found in
 the prefix cache, where the cache keeps it) and decoding continues where it stopped.
 
 Mirrors SGLang's ``new_token_ratio`` (``Scheduler.update_running_batch``) and
 ``ScheduleBatch.retract_decode``; upstream mini-sglang always reserves ``max_tokens``.
+This module is loaded only when ``SchedulerConfig.enable_retraction`` is on.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ class NewTokenRatio:
     """The share of its remaining output tokens that admission reserves for each request.
 
     ``value`` starts at ``init``, loses ``decay`` per decode step down to ``floor``, and after
-    a retraction jumps back to at least ``init`` (see ``reset_after_retraction``). The ratio
-    1 that never moves (``reserve_all``) is chapter 7's admission: every ``max_tokens``
-    reserved, so a decode step always finds its pages and nothing is ever retracted.
+    a retraction jumps back to at least ``init`` (see ``reset_after_retraction``). Without
+    retraction the scheduler admits with the ratio 1, chapter 7's rule: every ``max_tokens``
+    reserved, so a decode step always finds its pages.
 
     Mirrors SGLang's ``new_token_ratio``, ``init_new_token_ratio``, ``min_new_token_ratio``
     and ``new_token_ratio_decay``.
@@ -64,10 +65,6 @@ class NewTokenRatio:
                 f"init={self.init}, decay={self.decay}"
             )
         self.value = self.init
-
-    @classmethod
-    def reserve_all(cls) -> NewTokenRatio:
-        return cls(init=1.0, floor=1.0, decay=0.0)
 
     def estimate(self, remain_len: int) -> int:
         """Tokens to reserve for ``remain_len`` future tokens: ``ceil(remain_len * value)``."""
@@ -121,60 +118,71 @@ def retract_order(reqs: Iterable[Req]) -> List[Req]:
     return sorted(reqs, key=lambda r: (r.remain_len, r.uid), reverse=True)
 
 
-def retract_decode(scheduler: Scheduler) -> List[RetractedReq]:
-    """Before a decode step: make sure every running request can get its next page.
+@dataclass
+class RetractManager:
+    """Owns the new-token ratio and decides, before each decode step, whom to retract.
 
-    Retracts running requests in ``retract_order`` until the rest fit in the free and
-    evictable pages. Each retracted one leaves the decode set, gives back its table row
-    and its KV (``Scheduler._free_req_resources``: the radix cache keeps the computed
-    prefix as evictable, the naive cache frees all), is marked finished so that, under
-    overlap, the batch in flight does not deliver its token (the token is recomputed), and
-    waits at the head of the queue as a ``RetractedReq``. Updates the new-token ratio:
-    a retraction resets it upward, a step without one decays it. Returns the retracted.
-
-    Raises:
-        RuntimeError: when one request alone cannot get a page and no batch in flight will
-            free any (the pool is smaller than one request's context, which the context
-            clamp of ``Scheduler._process_one_msg`` rules out).
+    The scheduler holds one when ``SchedulerConfig.enable_retraction`` is on, reads
+    ``new_token_ratio.value`` for admission, and calls ``retract_decode`` before building a
+    decode batch. Mirrors SGLang's ``Scheduler.update_running_batch``, which checks the
+    decode memory (``check_decode_mem``) and calls ``ScheduleBatch.retract_decode``.
     """
-    decode, cache = scheduler.decode_manager, scheduler.cache_manager
-    if not decode.running_reqs:
-        return []
-    P = cache.page_size
-    order = retract_order(decode.running_reqs)
-    need = pages_for_next_decode(order, P)
-    if need <= cache.available_size // P:
-        scheduler.new_token_ratio.decay_one_step()
-        return []
-    retracted: List[RetractedReq] = []
-    # keep the last request unless the batch in flight holds pages it will give back
-    keep_at_least = 1 if scheduler._in_flight is None else 0
-    while need > cache.available_size // P and len(order) > keep_at_least:
-        req = order.pop(0)
-        need -= pages_for_next_decode([req], P)
-        decode.remove_req(req)
-        scheduler._free_req_resources(req)
-        scheduler.finished_reqs.add(req)
-        retracted.append(
-            RetractedReq(
-                uid=req.uid,
-                input_ids=req.input_ids,  # what the CPU has: a token still in flight is redone
-                sampling_params=req.sampling_params,
-                remain_output_len=req.max_device_len - len(req.input_ids),
+
+    new_token_ratio: NewTokenRatio = field(default_factory=NewTokenRatio)
+
+    def retract_decode(self, scheduler: Scheduler) -> List[RetractedReq]:
+        """Before a decode step: make sure every running request can get its next page.
+
+        Retracts running requests in ``retract_order`` until the rest fit in the free and
+        evictable pages. Each retracted one leaves the decode set, gives back its table row
+        and its KV (``Scheduler._free_req_resources``: the radix cache keeps the computed
+        prefix as evictable, the naive cache frees all), is marked finished so that, under
+        overlap, the batch in flight does not deliver its token (the token is recomputed),
+        and waits at the head of the queue as a ``RetractedReq``. A retraction resets the
+        ratio upward, a step without one decays it. Returns the retracted, in queue order.
+
+        Raises:
+            RuntimeError: when one request alone cannot get a page and no batch in flight
+                will free any (the pool is smaller than one request's context, which the
+                context clamp of ``Scheduler._process_one_msg`` rules out).
+        """
+        decode, cache = scheduler.decode_manager, scheduler.cache_manager
+        if not decode.running_reqs:
+            return []
+        P = cache.page_size
+        order = retract_order(decode.running_reqs)
+        need = pages_for_next_decode(order, P)
+        if need <= cache.available_size // P:
+            self.new_token_ratio.decay_one_step()
+            return []
+        retracted: List[RetractedReq] = []
+        # keep the last request, unless a batch in flight holds pages it will give back
+        keep_at_least = 1 if scheduler._in_flight is None else 0
+        while need > cache.available_size // P and len(order) > keep_at_least:
+            req = order.pop(0)
+            need -= pages_for_next_decode([req], P)
+            decode.remove_req(req)
+            scheduler._free_req_resources(req)
+            scheduler.finished_reqs.add(req)
+            retracted.append(
+                RetractedReq(
+                    uid=req.uid,
+                    input_ids=req.input_ids,  # what the CPU has: a token in flight is redone
+                    sampling_params=req.sampling_params,
+                    remain_output_len=req.max_device_len - len(req.input_ids),
+                )
             )
+        if need > cache.available_size // P:
+            raise RuntimeError(
+                f"out of KV pages: request {order[0].uid} alone needs {need} page(s) for its "
+                f"next token and {cache.available_size // P} are free or evictable"
+            )
+        retracted.sort(key=lambda p: p.uid)  # the earliest arrival first
+        scheduler.prefill_manager.pending_list[:0] = retracted
+        self.new_token_ratio.reset_after_retraction(order)
+        logger.debug(
+            "retracted %s; new_token_ratio %.3f",
+            [p.uid for p in retracted],
+            self.new_token_ratio.value,
         )
-    if need > cache.available_size // P:
-        raise RuntimeError(
-            f"out of KV pages: request {order[0].uid} alone needs {need} page(s) for its next "
-            f"token and {cache.available_size // P} are free or evictable"
-        )
-    # the earliest arrival first, ahead of everyone who has not started yet
-    retracted.sort(key=lambda p: p.uid)
-    scheduler.prefill_manager.pending_list[:0] = retracted
-    scheduler.new_token_ratio.reset_after_retraction(order)
-    logger.debug(
-        "retracted %s; new_token_ratio %.3f",
-        [p.uid for p in retracted],
-        scheduler.new_token_ratio.value,
-    )
-    return retracted
+        return retracted
