@@ -150,11 +150,11 @@ class RetractManager:
         if not decode.running_reqs:
             return []
         P = cache.page_size
-        order = retract_order(decode.running_reqs)
-        need = pages_for_next_decode(order, P)
-        if need <= cache.available_size // P:
+        need = pages_for_next_decode(decode.running_reqs, P)
+        if need <= cache.available_size // P:  # the common case: no sorting, one pass
             self.new_token_ratio.decay_one_step()
             return []
+        order = retract_order(decode.running_reqs)
         retracted: List[RetractedReq] = []
         # keep the last request, unless a batch in flight holds pages it will give back
         keep_at_least = 1 if scheduler._in_flight is None else 0
