@@ -331,3 +331,16 @@ def test_the_scripted_model_checks_every_step_under_retraction(qwen3_path):
     assert sum(retracted.values()) > 0
     assert [llm.outputs()[u] for u in range(3)] == hf_greedy(qwen3_path, prompts, 14)
     llm.shutdown()
+
+
+def test_the_offline_benchmark_takes_the_switch(qwen3_path):
+    from minisgl.benchmark import offline
+    from minisgl.benchmark.workload import nano_vllm_workload
+
+    argv = ["--model", str(qwen3_path), "--device", "cpu", "--num-seqs", "3"]
+    argv += ["--input-len", "4", "12", "--output-len", "2", "4", "--page-size", "4"]
+    argv += ["--max-seq-len", "64", "--max-running-req", "4", "--enable-retraction"]
+    [result] = offline.main(argv)
+    assert result.variant.endswith(", retraction")
+    expected = nano_vllm_workload(3, input_len=(4, 12), output_len=(2, 4)).output_tokens
+    assert result.output_tokens == expected
