@@ -14,13 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
+from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
+from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.retract import (
     NewTokenRatio,
     RetractManager,
     pages_for_next_decode,
     retract_order,
 )
+from minisgl.scheduler.table import TableManager
 from tests.helpers import DEVICE, hf_greedy
 from tests.scheduler_harness import (
     FakeEngineScheduler,
@@ -70,13 +73,12 @@ def counting_retractions() -> Iterator[Counter]:
 
 def test_the_ratio_decays_to_its_floor_and_a_retraction_resets_it_upward():
     ratio = NewTokenRatio(init=0.7, floor=0.1, decay=0.25)
-    assert ratio.value == 0.7 and ratio.estimate(10) == 7
+    assert ratio.value == 0.7
     values = []
     for _ in range(4):
         ratio.decay_one_step()
         values.append(ratio.value)
     assert values == pytest.approx([0.45, 0.2, 0.1, 0.1])
-    assert ratio.estimate(10) == 1  # rounded up: ceil(10 * 0.1)
     # two kept requests have used 60 and 0 of budgets of 100: (60 + 20 * 2) / 200 = 0.5 -> init
     ratio.reset_after_retraction([req(0, 4, 100, generated=60), req(1, 4, 100)])
     assert ratio.value == 0.7
@@ -92,6 +94,21 @@ def test_the_decode_reservation_scales_each_remaining_budget_and_rounds_up():
     dm.running_reqs = {req(0, 4, 10, generated=3), req(1, 4, 100, generated=1)}  # 7 and 99 left
     assert dm.estimated_tokens(1.0) == dm.inflight_tokens == 7 + 99 + 2 * 3
     assert dm.estimated_tokens(0.5) == 4 + 50 + 2 * 3  # ceil(3.5) and ceil(49.5)
+
+
+@pytest.mark.parametrize("ratio, admitted", [(1.0, 1), (0.7, 2)])
+def test_admission_reserves_the_estimate_of_the_output(ratio, admitted):
+    """18 pages of 4 (72 tokens), two requests of 8 + 32: reserving everything, the first
+    holds 8 + 32 + 3 = 43 and the second needs 40 more; at 0.7 it holds 8 + 23 + 3 = 34 and
+    the second needs 8 + 23 = 31, which fits."""
+    page_table = torch.zeros((5, 64), dtype=torch.int32)
+    cache = CacheManager(18, 4, page_table, "naive")
+    prefill = PrefillManager(cache, TableManager(4, page_table), DecodeManager(4))
+    for uid in range(2):
+        prefill.add_one_req(user(uid, range(1, 9), 32))
+    batch = prefill.schedule_next_batch(1000, new_token_ratio=ratio)
+    assert [r.uid for r in batch.reqs] == list(range(admitted))
+    assert all(r.max_device_len == 8 + 32 for r in batch.reqs)  # the budget itself is kept
 
 
 def test_the_longest_remaining_output_is_retracted_first():

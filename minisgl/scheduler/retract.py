@@ -17,7 +17,6 @@ This module is loaded only when ``SchedulerConfig.enable_retraction`` is on.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, List
 
@@ -65,10 +64,6 @@ class NewTokenRatio:
                 f"init={self.init}, decay={self.decay}"
             )
         self.value = self.init
-
-    def estimate(self, remain_len: int) -> int:
-        """Tokens to reserve for ``remain_len`` future tokens: ``ceil(remain_len * value)``."""
-        return math.ceil(remain_len * self.value)
 
     def decay_one_step(self) -> None:
         """A decode step found its pages: the guess was good enough, guess a little lower."""
