@@ -321,6 +321,7 @@ class _FakeEngine(Scheduler):
         max_seq_len: int = 256,
         cache_type: str = "radix",
         max_extend_tokens: int = 8192,
+        enable_retraction: bool = False,
     ) -> None:
         # what Scheduler.__init__ builds, minus the Engine
         page_table = torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32)
@@ -343,6 +344,11 @@ class _FakeEngine(Scheduler):
         self.eos_token_ids = {FAKE_EOS}
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
+        self.retract_manager = None
+        if enable_retraction:  # chapter 22's module, absent from earlier chapters' trees
+            from minisgl.scheduler.retract import RetractManager
+
+            self.retract_manager = RetractManager()
         self.kv = torch.full(
             (num_pages * page_size,), -1, dtype=torch.int64
         )  # code of (token, pos)
@@ -385,7 +391,8 @@ class _FakeEngine(Scheduler):
 
 class FakeEngineScheduler(ScriptMixin, _FakeEngine):
     """``FakeEngineScheduler(num_pages=8, page_size=4, cache_type="radix",
-    max_extend_tokens=16, max_running_req=4, max_seq_len=256)``; then ``run_script``."""
+    max_extend_tokens=16, max_running_req=4, max_seq_len=256, enable_retraction=False)``;
+    then ``run_script``."""
 
 
 class ScriptedLLM(ScriptMixin, LLM):

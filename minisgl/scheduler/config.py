@@ -11,7 +11,9 @@ from minisgl.engine import EngineConfig
 class SchedulerConfig(EngineConfig):
     """``max_extend_tokens`` is the prefill token budget of one step (longer prompts are
     chunked, chapter 10); ``cache_type`` is ``"radix"`` or ``"naive"``; ``offline_mode``
-    means no processes and no sockets (the ``LLM`` class).
+    means no processes and no sockets (the ``LLM`` class). ``enable_retraction`` admits on
+    an estimate of each request's future tokens and retracts running requests when a decode
+    step runs out of KV pages (chapter 22); off, admission reserves every ``max_tokens``.
 
     Online, ``ipc_dir`` is the launch's private directory of socket files (chapter 14);
     the ``zmq_*_addr`` properties name the sockets in it. Upstream keys them on the pid.
@@ -21,6 +23,7 @@ class SchedulerConfig(EngineConfig):
     cache_type: str = "radix"
     offline_mode: bool = False
     ipc_dir: str | None = None
+    enable_retraction: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Set
 
@@ -34,6 +35,14 @@ class DecodeManager:
         plus up to one page of slack each (a new page is taken whole)."""
         slack = (self.page_size - 1) * len(self.running_reqs)
         return sum(req.remain_len for req in self.running_reqs) + slack
+
+    def estimated_tokens(self, new_token_ratio: float) -> int:
+        """``inflight_tokens`` with what each has left scaled by ``new_token_ratio`` and
+        rounded up (chapter 22); equal to ``inflight_tokens`` at 1."""
+        if new_token_ratio == 1.0:
+            return self.inflight_tokens
+        slack = (self.page_size - 1) * len(self.running_reqs)
+        return sum(math.ceil(r.remain_len * new_token_ratio) for r in self.running_reqs) + slack
 
     def schedule_next_batch(self) -> Batch | None:
         if not self.runnable:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Tuple
 
@@ -43,23 +44,31 @@ class PrefillAdder:
     ``token_budget``: prompt tokens this step may still compute. ``reserved_size``: KV
     tokens already promised, starting with what the decoding requests may still need;
     each admitted request adds its own remaining prompt and output, plus ``P - 1``.
+    ``new_token_ratio``: the share of each output budget reserved; 1 reserves all of it,
+    below 1 is chapter 22's optimistic admission (``minisgl.scheduler.retract``).
     """
 
     token_budget: int
     reserved_size: int
     cache_manager: CacheManager
     table_manager: TableManager
+    new_token_ratio: float = 1.0
+
+    def _output_estimate(self, req: PendingReq) -> int:
+        """Output tokens to reserve for ``req``: ``ceil(output_len * new_token_ratio)``."""
+        return math.ceil(req.output_len * self.new_token_ratio)
 
     def _try_allocate_one(self, req: PendingReq) -> Tuple[BaseCacheHandle, int] | None:
         """Claim a table row and the cached prefix for a new request, if its KV fits.
 
-        The estimate is the whole uncached prompt plus every output token, so an admitted
-        request can always run to completion. Returns ``(handle, table_idx)`` or ``None``.
+        The estimate is the whole uncached prompt plus every output token (scaled by
+        ``new_token_ratio``), so with the ratio 1 an admitted request can always run to
+        completion. Returns ``(handle, table_idx)`` or ``None``.
         """
         if self.table_manager.available_size == 0:
             return None
         handle = self.cache_manager.match_req(req).cuda_handle
-        needed = (req.input_len - handle.cached_len) + req.output_len
+        needed = (req.input_len - handle.cached_len) + self._output_estimate(req)
         if needed + self.reserved_size > self.cache_manager.available_size:
             return None
         # Locking moves the matched prefix out of the evictable count, so check again.
@@ -95,7 +104,9 @@ class PrefillAdder:
         # plus up to one page of slack, as DecodeManager.inflight_tokens keeps for each
         # decoding request: every request rounds up to whole pages, so several admitted in
         # one step could otherwise need more pages than their token counts add up to
-        self.reserved_size += remain_len + pending_req.output_len + self.cache_manager.page_size - 1
+        self.reserved_size += (
+            remain_len + self._output_estimate(pending_req) + self.cache_manager.page_size - 1
+        )
         end = cached_len + chunk_size
         device = self.table_manager.token_pool.device
         ids = pending_req.input_ids[cached_len:end].to(torch.int32)
@@ -140,16 +151,20 @@ class PrefillManager:
     def add_one_req(self, msg: UserMsg) -> None:
         self.pending_list.append(PendingReq(msg.uid, msg.input_ids, msg.sampling_params))
 
-    def schedule_next_batch(self, prefill_budget: int) -> Batch | None:
+    def schedule_next_batch(
+        self, prefill_budget: int, new_token_ratio: float = 1.0
+    ) -> Batch | None:
         """First come, first served: admit from the head of the queue and stop at the first
-        request that does not fit, so no request can be overtaken forever."""
+        request that does not fit, so no request can be overtaken forever.
+        ``new_token_ratio`` scales every output reservation (chapter 22; 1: all of it)."""
         if not self.pending_list:
             return None
         adder = PrefillAdder(
             token_budget=prefill_budget,
-            reserved_size=self.decode_manager.inflight_tokens,
+            reserved_size=self.decode_manager.estimated_tokens(new_token_ratio),
             cache_manager=self.cache_manager,
             table_manager=self.table_manager,
+            new_token_ratio=new_token_ratio,
         )
         reqs: List[Req] = []
         chunked: List[PendingReq] = []

@@ -36,6 +36,8 @@ from .table import TableManager
 if TYPE_CHECKING:
     from minisgl.engine import BatchSamplingArgs, ForwardOutput
 
+    from .retract import RetractManager
+
 logger = init_logger(__name__)
 
 Indice2D: TypeAlias = Tuple[torch.Tensor, torch.Tensor]  # (rows [N] int64, columns [N] int64)
@@ -85,6 +87,12 @@ class Scheduler(SchedulerIOMixin):
         self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
+        # chapter 22, loaded only when on: admit on an estimate, retract when pages run out
+        self.retract_manager: RetractManager | None = None
+        if config.enable_retraction:
+            from .retract import RetractManager
+
+            self.retract_manager = RetractManager()
         super().__init__(config)  # the I/O: sockets when serving, nothing offline
 
     # ---- the loops ----------------------------------------------------------------------
@@ -237,10 +245,13 @@ class Scheduler(SchedulerIOMixin):
     # ---- one batch ---------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
         # prefill first: new requests get their first token soon; decode otherwise
-        batch = (
-            self.prefill_manager.schedule_next_batch(self.prefill_budget)
-            or self.decode_manager.schedule_next_batch()
-        )
+        retract = self.retract_manager
+        # the share of each output budget admission reserves: all of it unless chapter 22's on
+        ratio = 1.0 if retract is None else retract.new_token_ratio.value
+        batch = self.prefill_manager.schedule_next_batch(self.prefill_budget, ratio)
+        if batch is None and retract is not None:  # a page for every decoding request
+            retract.retract_decode(self)
+        batch = batch or self.decode_manager.schedule_next_batch()
         return self._prepare_batch(batch) if batch else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
