@@ -101,7 +101,7 @@ class FrontendManager:
         asyncio.get_running_loop().remove_reader(worker.process.sentinel)
         if self.stopping:
             return
-        worker.process.join(timeout=0)
+        worker.process.join(timeout=1.0)  # its sentinel fired: the exit code is moments away
         if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
             logger.info(
                 f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})"
