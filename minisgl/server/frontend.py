@@ -64,6 +64,7 @@ class FrontendManager:
         self.stats_waiters: Dict[int, asyncio.Future[Dict[str, int]]] = {}
         self.dead: str | None = None  # why nothing can be served any more
         self.stopping = False
+        self._gone: Set[str] = set()  # workers whose end was handled
         self._tasks: Set[asyncio.Task[Any]] = set()
 
     # ---- life cycle ---------------------------------------------------------------------
@@ -99,13 +100,12 @@ class FrontendManager:
 
     def _worker_died(self, worker: Worker) -> None:
         asyncio.get_running_loop().remove_reader(worker.process.sentinel)
-        if self.stopping:
+        if self.stopping or worker.name in self._gone:
             return
+        self._gone.add(worker.name)
         worker.process.join(timeout=1.0)  # its sentinel fired: the exit code is moments away
         if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
-            logger.info(
-                f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})"
-            )
+            logger.info(f"worker {worker.describe()} ended (exit code {worker.process.exitcode})")
             return
         reason = f"worker {worker.name} died (exit code {worker.process.exitcode})"
         logger.error(
@@ -134,7 +134,13 @@ class FrontendManager:
 
     # ---- requests -----------------------------------------------------------------------
     def check_alive(self) -> None:
-        """Raises ``APIError`` 503 once a worker has died."""
+        """Raises ``APIError`` 503 once a worker has died. Asks each process too (a
+        non-blocking ``waitpid``), so ``/health`` is right even before the event loop has
+        seen a sentinel."""
+        if self.dead is None and not self.stopping:
+            for w in self.workers:
+                if w.process.exitcode is not None:
+                    self._worker_died(w)
         if self.dead is not None:
             raise APIError(503, f"the server cannot serve: {self.dead}", kind="server_error")
 

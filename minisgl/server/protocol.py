@@ -72,7 +72,8 @@ def check_json(body: Any) -> None:
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"'{path}': nested deeper than {MAX_JSON_DEPTH} levels", path)
+            where = path.split(".")[0]  # the top-level field: the full path is 33 items long
+            raise APIError(400, f"'{where}': nested deeper than {MAX_JSON_DEPTH} levels", where)
         if isinstance(value, str):
             try:
                 value.encode("utf-8")
