@@ -104,7 +104,7 @@ print(
     f"stats: {stats['kv_pages_in_use']} KV pages in use, {stats['table_rows_free']}/{stats['table_rows_total']} "
     f"table rows free, {stats['running_reqs']} running"
 )
-workers = [psutil.Process(pid) for pid in health["workers"].values()]
+workers = psutil.Process(server.pid).children(recursive=True)  # no response carries PIDs
 server.send_signal(signal.SIGTERM)
 print(
     "SIGTERM -> server exit code",
