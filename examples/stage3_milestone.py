@@ -96,7 +96,12 @@ offline = [o["text"] for o in llm.generate(chats, SamplingParams(max_tokens=MAX_
 llm.shutdown()
 
 health = wait_ready(url, server, None, timeout=600)
-workers = psutil.Process(server.pid).children(recursive=True)  # no response carries PIDs
+# the spawned workers (no response carries PIDs; multiprocessing's resource tracker is not one)
+workers = [
+    p
+    for p in psutil.Process(server.pid).children(recursive=True)
+    if "spawn_main" in " ".join(p.cmdline())
+]
 print("processes:", ", ".join(["api server", *health["workers"]]))
 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
 model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
