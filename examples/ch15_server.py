@@ -104,7 +104,12 @@ print(
     f"stats: {stats['kv_pages_in_use']} KV pages in use, {stats['table_rows_free']}/{stats['table_rows_total']} "
     f"table rows free, {stats['running_reqs']} running"
 )
-workers = [psutil.Process(pid) for pid in health["workers"].values()]
+# the spawned workers (no response carries PIDs; multiprocessing's resource tracker is not one)
+workers = [
+    p
+    for p in psutil.Process(server.pid).children(recursive=True)
+    if "spawn_main" in " ".join(p.cmdline())
+]
 server.send_signal(signal.SIGTERM)
 print(
     "SIGTERM -> server exit code",

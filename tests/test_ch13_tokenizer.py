@@ -228,3 +228,68 @@ def test_the_worker_between_api_server_and_scheduler(smollm2_path):
             q.stop()
         worker.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- stop sequences: hold back what may be a stop string -------------------------------
+
+
+def _feed_all(checker, pieces):
+    """Everything ``checker`` lets out for ``pieces``, chunk by chunk, and whether it stopped."""
+    out = []
+    for piece in pieces:
+        text, stopped = checker.feed(piece)
+        out.append(text)
+        if stopped:
+            return out, True
+    return out + [checker.flush()], False
+
+
+def test_a_stop_string_split_over_pieces_is_never_sent():
+    from minisgl.tokenizer.stop import StopChecker
+
+    out, stopped = _feed_all(StopChecker(["###"]), ["Hello #", "#", "# world"])
+    assert stopped and "".join(out) == "Hello " and out[0] == "Hello "  # "#" was held back
+    out, stopped = _feed_all(StopChecker(["###"]), ["a #", "b ##", "c"])
+    assert not stopped and "".join(out) == "a #b ##c"  # held, then released
+
+
+def test_stop_checker_equals_cutting_the_whole_text_at_the_first_stop():
+    """Random texts over a small alphabet, random splits, random stops: the output is the
+    text before the earliest stop, and no chunk ever holds the beginning of a stop string
+    that then completes."""
+    from minisgl.tokenizer.stop import StopChecker
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        text = "".join(rng.choice("ab\n") for _ in range(rng.randint(0, 30)))
+        stops = ["".join(rng.choice("ab\n") for _ in range(rng.randint(1, 4))) for _ in range(2)]
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 6))))
+        pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        out, stopped = _feed_all(StopChecker(stops), pieces)
+        hits = [i for i in (text.find(s) for s in stops) if i != -1]
+        assert "".join(out) == (text[: min(hits)] if hits else text), (text, stops, pieces)
+        assert stopped == bool(hits)
+
+
+def test_the_detokenizer_stops_on_a_string_and_on_a_token_id(smollm2_path):
+    tok = load(smollm2_path)
+    ids = tok.encode("One, two, three, four, five, six.")
+    full = tok.decode(ids)
+    stop = ", fo"  # spans tokens: ", " "four"
+    dm = DetokenizeManager(tok, frozenset())
+    dm.add(0, 3, True, stop=[stop])
+    dm.add(1, 3, True, stop_token_ids=[ids[4]])
+    sent = {0: [], 1: []}
+    last = {}
+    for k, t in enumerate(ids):
+        msgs = [DetokenizeMsg(uid=u, next_token=t, finished=k == len(ids) - 1) for u in (0, 1)]
+        for d in dm.detokenize(msgs):
+            sent[d.uid].append(d.text)
+            last[d.uid] = (d, k)
+    assert "".join(sent[0]) == full[: full.index(stop)]
+    d0, k0 = last[0]
+    assert d0.finished and d0.finish_reason == "stop" and d0.abort  # the scheduler is told
+    assert d0.num_output_tokens == k0 + 1 < len(ids)
+    d1, k1 = last[1]
+    assert "".join(sent[1]) == tok.decode(ids[:4]) and k1 == 4  # the stop token is not text
+    assert d1.finish_reason == "stop" and d1.abort and dm.status == {}

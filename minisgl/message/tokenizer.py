@@ -47,6 +47,9 @@ class TokenizeMsg(BaseTokenizerMsg):
     uid: int
     text: str | List[Dict[str, str]]
     sampling_params: SamplingParams
+    stop: List[str] = field(default_factory=list)  # stop strings (chapter 13's StopChecker)
+    stop_token_ids: List[int] = field(default_factory=list)  # tokens that end the answer
+    context_len: int = 0  # > 0: refuse a prompt leaving fewer than max_tokens of this many
 
 
 @dataclass

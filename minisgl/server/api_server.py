@@ -2,15 +2,19 @@
 
 Endpoints: ``POST /generate`` (upstream's native one), ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (OpenAI's, with ``stream`` true or false), ``GET /v1/models``,
-``GET /health`` and ``GET /stats`` (the scheduler's KV-page and table-row counters).
+``GET /health``, ``GET /stats`` (the scheduler's KV-page and table-row counters) and
+``GET /metrics`` (Prometheus). Every request first passes the ``Guard`` (host, origin, API
+key, body type and size); the body is then checked by ``check_json`` and the pydantic models
+before the pipeline registers anything.
 
 Every request waits for its first reply before answering, so a refused request (a prompt
 longer than the context: the scheduler's error reply) still gets a 400 and not a stream
 that starts and breaks. Streams are Server-Sent Events (``sse_stream``): ``data: {json}``
 per chunk, then ``data: [DONE]``; each endpoint says what its chunks hold
 (``generate_chunks``, ``completion_chunks``, ``chat_chunks``). A client that goes away,
-while waiting or while streaming, aborts its request. Mirrors upstream
-``minisgl.server.api_server``.
+while waiting or while streaming, aborts its request. When a worker dies, the server fails the open
+requests, stops, and ``run_api_server`` returns the reason (the launcher exits non-zero).
+Mirrors upstream ``minisgl.server.api_server``.
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ from minisgl.message.frontend import UserReply
 from minisgl.utils import init_logger
 
 from .frontend import FrontendManager
+from .guard import Guard, is_loopback
+from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    check_json,
     describe_validation_errors,
 )
 
@@ -70,16 +77,20 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body as ``model``, whatever the Content-Type header says.
+    """The JSON body as ``model`` (the ``Guard`` has checked its type and size).
 
     Raises:
-        APIError: 400 naming the problem: not JSON, not an object, or invalid fields.
+        APIError: 400 naming the problem: not JSON, too deep, a lone surrogate, not an
+        object, or invalid fields.
     """
     raw = await request.body()
     try:
         body = json.loads(raw)
-    except ValueError as e:
+    except ValueError as e:  # UnicodeDecodeError included: bytes that are not UTF-8
         raise APIError(400, f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the body is not valid JSON: nested too deeply") from None
+    check_json(body)
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
     try:
@@ -201,8 +212,25 @@ async def sse_stream(
         yield _sse("[DONE]")
 
 
+async def _timed(
+    replies: AsyncGenerator[UserReply, None], metrics: Metrics
+) -> AsyncGenerator[UserReply, None]:
+    """``replies`` as they come, observed for ``/metrics`` (TTFT, TPOT, tokens)."""
+    t0, first = time.perf_counter(), None
+    async with aclosing(replies):
+        async for reply in replies:
+            now = time.perf_counter()
+            if first is None and reply.error is None:
+                first = now
+                metrics.first_token(now - t0)
+            if reply.finished and reply.error is None and first is not None:
+                metrics.request_done(reply.num_output_tokens, now - first, reply.finish_reason)
+            yield reply
+
+
 async def _answer(
     fm: FrontendManager,
+    metrics: Metrics,
     request: Request,
     text: str | List[Dict[str, str]],
     req: Any,
@@ -214,16 +242,24 @@ async def _answer(
     """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
     (``final(text, last_reply)``)."""
     params = req.sampling_params(default_max_tokens, fm.max_seq_len)
-    uid = await fm.submit(text, params)
-    replies = fm.replies(uid)
+    uid = await fm.submit(
+        text,
+        params,
+        stop=req.stop_strings,
+        stop_token_ids=req.stop_token_ids,
+        strict_max_tokens=req.max_tokens is not None,
+    )
+    replies = _timed(fm.replies(uid), metrics)
     try:
         first = await _until_disconnect(request, anext(replies))
     except ClientGone:
+        await replies.aclose()
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
     if first.error is not None:
         await replies.aclose()
         fm.check_alive()  # a dead worker: 503
-        raise APIError(400, first.error, "prompt" if "prompt" in first.error else None)
+        param = next((f for f in ("max_tokens", "prompt") if f in first.error), None)
+        raise APIError(400, first.error, param)
 
     if not req.stream:
 
@@ -248,8 +284,9 @@ async def _answer(
     )
 
 
-def create_app(fm: FrontendManager) -> FastAPI:
-    """The FastAPI application; ``fm`` is started and stopped with it (lifespan)."""
+def create_app(fm: FrontendManager) -> Guard:
+    """The FastAPI application inside its ``Guard``; ``fm`` is started and stopped with it
+    (lifespan)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -264,10 +301,16 @@ def create_app(fm: FrontendManager) -> FastAPI:
 
     app = FastAPI(title="mini-sglang", lifespan=lifespan)
     name = fm.args.model_name
+    metrics = Metrics()
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error")  # the traceback goes to the log, not the client
+        return APIError(500, "internal server error", kind="server_error").response()
 
     def check_model(model: str) -> None:
         if model not in (name, fm.args.model_path):
@@ -288,21 +331,27 @@ def create_app(fm: FrontendManager) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Dict[str, Any]:
-        fm.check_alive()
-        return {"status": "ok", "workers": {w.name: w.process.pid for w in fm.workers}}
+        fm.check_alive()  # names and states only: no PIDs or paths for a prober to read
+        return {"status": "ok", "workers": {w.name: "alive" for w in fm.workers}}
 
     @app.get("/stats")
     async def stats() -> Dict[str, Any]:
         return {**await fm.stats(), "open_requests": len(fm.queues)}
 
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body = metrics.render(await fm.stats(), len(fm.queues))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
+        fm.check_alive()  # a load balancer reads a 200 here as "route to me"
         card = {
             "id": name,
             "object": "model",
             "created": int(time.time()),
             "owned_by": "mini-sglang",
-            "root": fm.args.model_path,
+            "root": name,
             "max_model_len": fm.max_seq_len,
         }
         return {"object": "list", "data": [card]}
@@ -312,6 +361,7 @@ def create_app(fm: FrontendManager) -> FastAPI:
         req = await parse_body(request, GenerateRequest)
         return await _answer(
             fm,
+            metrics,
             request,
             req.prompt,
             req,
@@ -327,14 +377,26 @@ def create_app(fm: FrontendManager) -> FastAPI:
         check_model(req.model)
         h = head("text_completion", "cmpl")
 
+        echo = req.prompt if req.echo else ""
+
         def final(text: str, r: UserReply) -> Dict[str, Any]:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
+            choice = {
+                "index": 0,
+                "text": echo + text,
+                "logprobs": None,
+                "finish_reason": r.finish_reason,
+            }
             return {**h, "choices": [choice], "usage": _usage(r)}
 
+        def chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+            if is_first and echo:  # the prompt goes first, as its own chunk
+                reply = UserReply(
+                    **{**reply.__dict__, "incremental_output": echo + reply.incremental_output}
+                )
+            return completion_chunks(h, reply, is_first)
+
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
-        return await _answer(
-            fm, request, req.prompt, req, 16, functools.partial(completion_chunks, h), final, usage
-        )
+        return await _answer(fm, metrics, request, req.prompt, req, 16, chunks, final, usage)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -357,6 +419,7 @@ def create_app(fm: FrontendManager) -> FastAPI:
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(
             fm,
+            metrics,
             request,
             req.chat(),
             req,
@@ -366,17 +429,43 @@ def create_app(fm: FrontendManager) -> FastAPI:
             usage,
         )
 
-    return app
-
-
-def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> None:
-    """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C or SIGTERM."""
-    fm = FrontendManager(args, workers, int(info["max_seq_len"]))
-    uvicorn.run(
-        create_app(fm),
-        host=args.server_host,
-        port=args.server_port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=3,
+    a = fm.args
+    return Guard(
+        app,
+        a.server_host,
+        api_key=a.api_key,
+        allowed_origins=a.allowed_origins,
+        allowed_hosts=a.allowed_hosts,
+        max_body_bytes=a.max_body_bytes,
     )
+
+
+def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> str | None:
+    """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C, SIGTERM or a
+    worker's death. Returns None after a signal, the reason after a death."""
+    if not args.api_key and not is_loopback(args.server_host):
+        logger.warning(
+            f"serving on {args.server_host} without an API key: anyone who can reach this "
+            "port can use the model (set --api-key or MINISGL_API_KEY)"
+        )
+    open_limit = args.max_running_req + args.max_queued_requests
+    fm = FrontendManager(
+        args, workers, int(info["max_seq_len"]), int(info.get("max_token_bytes", 0)), open_limit
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(fm),
+            host=args.server_host,
+            port=args.server_port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=3,
+        )
+    )
+
+    def on_dead(reason: str) -> None:
+        server.should_exit = True  # the open requests have their error replies queued
+
+    fm.on_dead = on_dead
+    server.run()
+    return fm.dead

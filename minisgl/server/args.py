@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -20,14 +21,22 @@ from minisgl.utils.device import check_device, default_device
 
 @dataclass(frozen=True)
 class ServerArgs(SchedulerConfig):
-    """Scheduler settings plus where to listen. The API binds ``server_host`` (loopback by
-    default: nothing outside this machine can reach the server unless asked for)."""
+    """Scheduler settings plus where to listen and whom to serve. The API binds
+    ``server_host`` (loopback by default: nothing outside this machine can reach the server
+    unless asked for); ``api_key``, ``allowed_origins``, ``allowed_hosts`` and
+    ``max_body_bytes`` are the ``Guard``'s; ``max_queued_requests`` is how many requests may
+    wait beyond ``max_running_req`` before new ones get 429."""
 
     server_host: str = "127.0.0.1"
     server_port: int = 1919
     served_model_name: str = ""  # the ``model`` clients must name; default: the folder's name
     trace_path: str | None = None  # --trace: rank 0 records its steps there (chapter 7's recorder)
     shell: bool = False
+    api_key: str = ""
+    allowed_origins: Tuple[str, ...] = ()
+    allowed_hosts: Tuple[str, ...] = ()
+    max_body_bytes: int = 4 << 20
+    max_queued_requests: int = 1024
 
     @property
     def model_name(self) -> str:
@@ -140,6 +149,36 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         "(view it: python -m tools.trace_view FILE)",
     )
     p.add_argument(
+        "--api-key",
+        default=os.environ.get("MINISGL_API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on every route but /health "
+        "(default: MINISGL_API_KEY, else none)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated origins (https://app.example) whose pages may call the API; "
+        "'*' for any (default: none, cross-site requests are refused)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names accepted besides the bind address (behind a proxy)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=ServerArgs.max_body_bytes)
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=ServerArgs.max_queued_requests,
+        help="requests waiting beyond --max-running-requests before new ones get 429",
+    )
+    p.add_argument(
+        "--enable-retraction",
+        action="store_true",
+        help="admit on an estimate of each request's output and retract running requests "
+        "when KV pages run out, so long answers cannot starve short ones (chapter 22)",
+    )
+    p.add_argument(
         "--tp",
         "--tp-size",
         "--tensor-parallel-size",
@@ -167,6 +206,10 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
             check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp_size)
         except (OSError, ValueError) as e:
             p.error(str(e))
+    for key in ("allowed_origins", "allowed_hosts"):
+        ns[key] = tuple(x.strip() for x in ns[key].split(",") if x.strip())
+    if ns["max_body_bytes"] < 1 or ns["max_queued_requests"] < 0:
+        p.error("--max-body-bytes must be >= 1 and --max-queued-requests >= 0")
     dtype = ns.pop("dtype")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"

@@ -8,16 +8,21 @@ worker and the scheduler forget it and free its KV pages and table row.
 The workers are watched without polling: a process's ``sentinel`` is a file descriptor
 that becomes readable when the process ends, so the event loop calls ``_worker_died`` the
 moment one does. From then on every open request gets an error reply, new ones are
-refused with 503, and the log names the dead process. Under tensor parallelism the other
-scheduler ranks are stopped too: they cannot go on without their peer. Mirrors upstream
-``minisgl.server.api_server.FrontendManager``.
+refused with 503, the log names the dead process and its exit code, and ``on_dead`` (the
+API server's shutdown) is called: a server that cannot serve exits rather than answer 503
+forever. Under tensor parallelism the other scheduler ranks are stopped too: they cannot go
+on without their peer.
+
+``submit`` refuses before it registers anything: a full queue (429, ``Retry-After``) and a
+prompt longer in bytes than the context could hold (400, without tokenizing it). Mirrors
+upstream ``minisgl.server.api_server.FrontendManager``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Dict, List, Set
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Sequence, Set
 
 from minisgl.core import SamplingParams
 from minisgl.message import AbortMsg, StatsQueryMsg, TokenizeMsg
@@ -40,13 +45,26 @@ PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer di
 class FrontendManager:
     """Call ``start()`` inside the running event loop, ``stop()`` before it ends."""
 
-    def __init__(self, args: ServerArgs, workers: List[Worker], max_seq_len: int) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        workers: List[Worker],
+        max_seq_len: int,
+        max_token_bytes: int = 0,
+        max_open_requests: int = 0,
+    ) -> None:
+        """``max_token_bytes``: the most UTF-8 bytes one token decodes to (0: no prompt
+        bound); ``max_open_requests``: requests running or waiting at most (0: no limit)."""
         self.args, self.workers, self.max_seq_len = args, workers, max_seq_len
+        self.max_prompt_bytes = max_seq_len * (max_token_bytes + 1) if max_token_bytes else 0
+        self.max_open_requests = max_open_requests
+        self.on_dead: Callable[[str], None] | None = None
         self._uids = itertools.count()
         self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
         self.stats_waiters: Dict[int, asyncio.Future[Dict[str, int]]] = {}
         self.dead: str | None = None  # why nothing can be served any more
         self.stopping = False
+        self._gone: Set[str] = set()  # workers whose end was handled
         self._tasks: Set[asyncio.Task[Any]] = set()
 
     # ---- life cycle ---------------------------------------------------------------------
@@ -82,16 +100,17 @@ class FrontendManager:
 
     def _worker_died(self, worker: Worker) -> None:
         asyncio.get_running_loop().remove_reader(worker.process.sentinel)
-        if self.stopping:
+        if self.stopping or worker.name in self._gone:
             return
-        worker.process.join(timeout=0)
+        self._gone.add(worker.name)
+        worker.process.join(timeout=1.0)  # its sentinel fired: the exit code is moments away
         if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
-            logger.info(
-                f"worker process {worker.describe()} ended (exit code {worker.process.exitcode})"
-            )
+            logger.info(f"worker {worker.describe()} ended (exit code {worker.process.exitcode})")
             return
-        reason = f"worker process {worker.describe()} died (exit code {worker.process.exitcode})"
-        logger.error(f"{reason}: failing {len(self.queues)} open request(s); restart the server")
+        reason = f"worker {worker.name} died (exit code {worker.process.exitcode})"
+        logger.error(
+            f"{reason}: failing {len(self.queues)} open request(s) and stopping the server"
+        )
         self.dead = reason
         for uid, q in self.queues.items():
             q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
@@ -101,30 +120,92 @@ class FrontendManager:
         # Tensor parallelism (chapter 16): the other ranks cannot run a step without this one,
         # and may be blocked in a collective waiting for it. SIGTERM (a clean exit) first;
         # SIGKILL for one stuck inside a collective, where Python's handler never runs.
-        for w in self.workers:
-            if (
-                w is not worker
-                and w.name.startswith("minisgl-scheduler-")
-                and w.process.exitcode is None
-            ):
-                logger.error(f"stopping {w.describe()}: its tensor-parallel peer is gone")
-                w.process.terminate()
-                asyncio.get_running_loop().call_later(
-                    PEER_STOP_TIMEOUT_S, lambda p=w.process: p.exitcode is None and p.kill()
-                )
+        ranks = [w for w in self.workers if w.name.startswith("minisgl-scheduler-")]
+        if len(ranks) > 1 and worker in ranks:
+            for w in ranks:
+                if w is not worker and w.process.exitcode is None:
+                    logger.error(f"stopping {w.name}: its tensor-parallel peer is gone")
+                    w.process.terminate()
+                    asyncio.get_running_loop().call_later(
+                        PEER_STOP_TIMEOUT_S, lambda p=w.process: p.exitcode is None and p.kill()
+                    )
+        if self.on_dead is not None:
+            self.on_dead(reason)
 
     # ---- requests -----------------------------------------------------------------------
     def check_alive(self) -> None:
-        """Raises ``APIError`` 503 once a worker has died."""
+        """Raises ``APIError`` 503 once a worker has died. Asks each process too (a
+        non-blocking ``waitpid``), so ``/health`` is right even before the event loop has
+        seen a sentinel."""
+        if self.dead is None and not self.stopping:
+            for w in self.workers:
+                if w.process.exitcode is not None:
+                    self._worker_died(w)
         if self.dead is not None:
             raise APIError(503, f"the server cannot serve: {self.dead}", kind="server_error")
 
-    async def submit(self, text: str | List[Dict[str, str]], params: SamplingParams) -> int:
-        """Send a new request to the tokenizer worker; returns its uid."""
+    def check_prompt(self, text: str | List[Dict[str, str]]) -> None:
+        """Refuse, without tokenizing, a prompt more bytes long than ``max_seq_len`` tokens
+        of the longest token in the vocabulary (plus one byte) can spell: it cannot fit.
+
+        Raises:
+            APIError: 400 naming the field (``prompt`` or ``messages``).
+        """
+        if not self.max_prompt_bytes:
+            return
+        chat = not isinstance(text, str)
+        parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
+        size = sum(len(p.encode("utf-8")) for p in parts)
+        if size > self.max_prompt_bytes:
+            field = "messages" if chat else "prompt"
+            raise APIError(
+                400,
+                f"'{field}' has {size} bytes: more than the context limit of {self.max_seq_len} "
+                f"tokens can hold (at most {self.max_prompt_bytes} bytes)",
+                field,
+            )
+
+    async def submit(
+        self,
+        text: str | List[Dict[str, str]],
+        params: SamplingParams,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        strict_max_tokens: bool = False,
+    ) -> int:
+        """Send a new request to the tokenizer worker; returns its uid. With
+        ``strict_max_tokens`` (the client chose ``max_tokens``) a prompt that leaves fewer
+        tokens of the context is refused rather than answered shorter.
+
+        Raises:
+            APIError: 503 (a dead worker), 429 (too many open requests, with ``Retry-After``),
+            400 (``check_prompt``). Nothing is registered when it raises.
+        """
         self.check_alive()
+        if self.max_open_requests and len(self.queues) >= self.max_open_requests:
+            raise APIError(
+                429,
+                f"the server is busy: {len(self.queues)} requests are open (at most "
+                f"{self.max_open_requests}); retry later",
+                kind="rate_limit_error",
+                headers={"Retry-After": "1"},
+            )
+        self.check_prompt(text)
         uid = next(self._uids)
+        msg = TokenizeMsg(
+            uid=uid,
+            text=text,
+            sampling_params=params,
+            stop=list(stop),
+            stop_token_ids=list(stop_token_ids),
+            context_len=self.max_seq_len if strict_max_tokens else 0,
+        )
         self.queues[uid] = asyncio.Queue()
-        await self.send.put(TokenizeMsg(uid=uid, text=text, sampling_params=params))
+        try:
+            await self.send.put(msg)
+        except BaseException:  # unencodable, or cancelled: leave nothing behind
+            self.queues.pop(uid, None)
+            raise
         return uid
 
     async def replies(self, uid: int) -> AsyncGenerator[UserReply, None]:

@@ -7,6 +7,11 @@ tokenizer worker. Each worker reports on a queue once it is ready (the scheduler
 reports its context limit); the API opens only when all have. A worker that dies during
 start-up stops the launch with its name and exit code.
 
+A worker that dies while serving stops the server (``run_api_server`` returns why), and
+``launch_server`` exits with one line naming the worker and its exit code, after reaping
+the others. The workers' PIDs are printed once at start-up, for the operator's log; no
+response carries them.
+
 Shutting down: Ctrl-C reaches every process of the terminal's process group, but the
 workers ignore it; SIGTERM reaches only this one. Either way this process stops serving
 first, then terminates the workers it started, waits for them, and removes the launch's
@@ -118,7 +123,7 @@ def _tokenizer_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
             args.zmq_backend_addr,
             args.zmq_frontend_addr,
         )
-        ack.put({"name": "tokenizer"})
+        ack.put({"name": "tokenizer", "max_token_bytes": worker.max_token_bytes})
         worker.run()
     except KeyboardInterrupt:
         pass
@@ -204,10 +209,15 @@ def stop_workers(workers: List[Worker]) -> None:
 
 def launch_server(argv: List[str] | None = None) -> None:
     """Parse the command line, start the workers, serve (or chat) until interrupted, and
-    stop everything. Returns normally after Ctrl-C or SIGTERM."""
+    stop everything. Returns normally after Ctrl-C or SIGTERM.
+
+    Raises:
+        SystemExit: with one line, for bad arguments or a worker that died while serving.
+    """
     ipc_dir = new_ipc_dir()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     workers: List[Worker] = []
+    failed = ""
     try:
         args = parse_args(argv, ipc_dir)
         problem = preflight(args)
@@ -215,6 +225,7 @@ def launch_server(argv: List[str] | None = None) -> None:
             raise SystemExit(f"python -m minisgl: error: {problem}")
         print(f"starting the workers for {args.model_path} on {args.device} ...", flush=True)
         workers, info = start_workers(args)
+        print("workers: " + ", ".join(w.describe() for w in workers), flush=True)
         if args.shell:
             from minisgl.shell import run_shell
 
@@ -222,7 +233,9 @@ def launch_server(argv: List[str] | None = None) -> None:
         else:
             from .api_server import run_api_server
 
-            run_api_server(args, workers, info)
+            failure = run_api_server(args, workers, info)
+            if failure is not None:
+                failed = f"python -m minisgl: error: {failure}; the server stopped"
     except KeyboardInterrupt:
         pass
     finally:
@@ -232,3 +245,5 @@ def launch_server(argv: List[str] | None = None) -> None:
         stop_workers(workers)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
+    if failed:
+        raise SystemExit(failed)  # exit status 1, the line on stderr

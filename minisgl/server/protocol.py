@@ -3,8 +3,10 @@
 Three request bodies (``/generate``, ``/v1/completions``, ``/v1/chat/completions``) as
 pydantic models. Types are strict (``"5"`` is not an integer, ``"yes"`` not a boolean),
 ranges are checked, and unknown fields are refused: a parameter the engine would silently
-ignore (``n=2``, ``logprobs``, ``stop``, penalties) is answered with a 400 that says so,
-instead of an answer that looks right and is not. Errors use OpenAI's body,
+ignore (``n=2``, ``logprobs``, penalties) is answered with a 400 that says so, instead of
+an answer that looks right and is not. Before any model sees it, ``check_json`` refuses
+what JSON allows but nothing downstream can carry: a lone surrogate (``"\ud800"``, which no
+UTF-8 encoder accepts) and nesting deeper than ``MAX_JSON_DEPTH``. Errors use OpenAI's body,
 ``{"error": {"message", "type", "param", "code"}}``, so the ``openai`` client raises them
 with the message. Upstream ``minisgl.server.api_server`` has looser models of the same names.
 """
@@ -37,9 +39,11 @@ class APIError(Exception):
         message: str,
         param: str | None = None,
         kind: str = "invalid_request_error",
+        headers: Dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers
 
     def response(self) -> JSONResponse:
         body = {
@@ -50,7 +54,45 @@ class APIError(Exception):
                 "code": self.status,
             }
         }
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+MAX_JSON_DEPTH = 32  # a chat body needs 4 levels; deeper is an attack on the parser
+
+
+def check_json(body: Any) -> None:
+    """Refuse, naming the field, what parsed as JSON but cannot go further: a string with a
+    lone surrogate (msgpack and the tokenizer need UTF-8) or nesting deeper than
+    ``MAX_JSON_DEPTH``. Iterative, so a deep body cannot exhaust the stack.
+
+    Raises:
+        APIError: 400 with ``param`` the dotted path of the field (``messages.0.content``).
+    """
+    stack: List[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            where = path.split(".")[0]  # the top-level field: the full path is 33 items long
+            raise APIError(400, f"'{where}': nested deeper than {MAX_JSON_DEPTH} levels", where)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                where = path or "body"
+                raise APIError(
+                    400,
+                    f"'{where}': not valid Unicode (a lone surrogate at character {e.start})",
+                    path or None,
+                ) from None
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                key = f"{path}.{k}" if path else str(k)
+                stack.append((k, key, depth + 1))
+                stack.append((v, key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend(
+                (v, f"{path}.{i}" if path else str(i), depth + 1) for i, v in enumerate(value)
+            )
 
 
 def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
@@ -70,6 +112,10 @@ def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str
     return "; ".join(parts) or "invalid request", first
 
 
+MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
+MAX_STOP_CHARS = 256
+
+
 class _Sampling(BaseModel):
     """Fields shared by the three endpoints."""
 
@@ -81,6 +127,8 @@ class _Sampling(BaseModel):
     top_k: StrictInt = -1  # an SGLang extension: -1 (off) or >= 1
     ignore_eos: StrictBool = False  # an SGLang extension
     stream: StrictBool = False
+    stop: StrictStr | List[StrictStr] | None = None
+    stop_token_ids: List[StrictInt] = Field(default_factory=list)  # vLLM's and SGLang's
 
     @field_validator("top_k")
     @classmethod
@@ -89,10 +137,32 @@ class _Sampling(BaseModel):
             raise ValueError("must be -1 (disabled) or >= 1")
         return v
 
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | List[str] | None) -> List[str]:
+        stops = [] if v is None else [v] if isinstance(v, str) else v
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(stops)}")
+        if any(not 0 < len(x) <= MAX_STOP_CHARS for x in stops):
+            raise ValueError(f"each stop sequence must have 1 to {MAX_STOP_CHARS} characters")
+        return stops
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, v: List[int]) -> List[int]:
+        if v and (len(v) > MAX_STOP or min(v) < 0):
+            raise ValueError(f"at most {MAX_STOP} token ids, each >= 0")
+        return v
+
+    @property
+    def stop_strings(self) -> List[str]:
+        return list(self.stop or [])  # the validator made it a list
+
     def sampling_params(self, default_max_tokens: int, max_seq_len: int) -> SamplingParams:
         """``SamplingParams`` for the engine. ``max_tokens`` may be at most
-        ``max_seq_len - 1`` (a one-token prompt); the scheduler then shortens it to what the
-        actual prompt leaves of the context.
+        ``max_seq_len - 1`` (a one-token prompt). Once the prompt is tokenized, an explicit
+        ``max_tokens`` the prompt leaves no room for is refused (``TokenizeMsg.context_len``);
+        the default is shortened by the scheduler to what the prompt leaves of the context.
 
         Raises:
             APIError: 400 when ``max_tokens`` exceeds the context.
@@ -126,7 +196,6 @@ class _OpenAI(_Sampling):
 
     model: StrictStr
     n: StrictInt = 1
-    stop: StrictStr | List[StrictStr] | None = None
     presence_penalty: StrictFloat = 0.0
     frequency_penalty: StrictFloat = 0.0
     seed: StrictInt | None = None
@@ -140,13 +209,6 @@ class _OpenAI(_Sampling):
             raise ValueError(
                 "only n=1 is supported (one choice per request); send n requests instead"
             )
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: Any) -> Any:
-        if v:
-            raise ValueError("stop sequences are not supported by this server")
         return v
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -171,7 +233,8 @@ class _OpenAI(_Sampling):
 
 
 class CompletionRequest(_OpenAI):
-    """``POST /v1/completions``. ``max_tokens`` defaults to 16, as in OpenAI's API."""
+    """``POST /v1/completions``. ``max_tokens`` defaults to 16, as in OpenAI's API;
+    ``echo`` puts the prompt in front of the answer's text."""
 
     prompt: StrictStr
     logprobs: StrictInt | None = None
@@ -186,11 +249,18 @@ class CompletionRequest(_OpenAI):
             raise ValueError("logprobs are not supported by this server")
         return None
 
-    @field_validator("echo", "best_of", "suffix")
+    @field_validator("best_of")
     @classmethod
-    def _unsupported(cls, v: Any) -> Any:
-        if v not in (None, False, 1):
-            raise ValueError("not supported by this server")
+    def _best_of(cls, v: int | None) -> int | None:
+        if v not in (None, 1):
+            raise ValueError("only best_of=1 is supported (one candidate per request)")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (insertion) is not supported by this server")
         return v
 
 

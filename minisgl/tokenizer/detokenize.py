@@ -10,6 +10,12 @@ U+FFFD (a character still incomplete). When the request finishes, the whole outp
 decoded once and whatever the stream has not sent yet is sent, so the concatenation of
 everything sent equals ``tokenizer.decode(all ids)``.
 
+Stop conditions the client chose are checked here, on the decoded text: a token of
+``stop_token_ids`` ends the answer like an end-of-sequence token, and the text passes
+through the request's ``StopChecker`` (``stop.py``), which holds back a possible beginning
+of a stop string. A stop ends the request before the scheduler's ``max_tokens`` does: the
+``Delta`` says ``abort`` so the worker tells the scheduler to stop generating.
+
 This is the scheme of vLLM's ``detokenize_incrementally``; upstream
 ``minisgl.tokenizer.detokenize.DetokenizeManager`` uses the same offsets and, while the
 decoded text ends in an incomplete character, sends it only up to the last space.
@@ -18,12 +24,14 @@ decoded text ends in an incomplete character, sends it only up to the last space
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Dict, List, Tuple
+from typing import AbstractSet, Dict, List, Sequence, Tuple
 
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.message import DetokenizeMsg
 from minisgl.utils import init_logger
+
+from .stop import StopChecker
 
 logger = init_logger(__name__)
 INCOMPLETE = "\ufffd"
@@ -37,9 +45,11 @@ class DecodeStatus:
     ignore_eos: bool
     ids: List[int] = field(default_factory=list)
     num_output_tokens: int = 0  # tokens generated, a final EOS included
-    sent: str = ""
+    sent: str = ""  # decoded so far (the stop checker may still hold the end of it back)
     prefix_offset: int = 0
     read_offset: int = 0
+    stop: StopChecker | None = None
+    stop_token_ids: AbstractSet[int] = frozenset()
 
 
 @dataclass
@@ -54,6 +64,7 @@ class Delta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    abort: bool = False  # a stop ended it before the scheduler did: stop generating
 
 
 class DetokenizeManager:
@@ -66,8 +77,20 @@ class DetokenizeManager:
         self.eos_token_ids = eos_token_ids
         self.status: Dict[int, DecodeStatus] = {}
 
-    def add(self, uid: int, num_prompt_tokens: int, ignore_eos: bool) -> None:
-        self.status[uid] = DecodeStatus(num_prompt_tokens, ignore_eos)
+    def add(
+        self,
+        uid: int,
+        num_prompt_tokens: int,
+        ignore_eos: bool,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        self.status[uid] = DecodeStatus(
+            num_prompt_tokens,
+            ignore_eos,
+            stop=StopChecker(list(stop)) if stop else None,
+            stop_token_ids=frozenset(stop_token_ids),
+        )
 
     def forget(self, uid: int) -> None:
         self.status.pop(uid, None)
@@ -98,43 +121,55 @@ class DetokenizeManager:
 
     def _detokenize_round(self, msgs: List[DetokenizeMsg]) -> List[Delta | None]:
         """One token per request at most; ``None`` for an unknown request."""
-        known: List[Tuple[DetokenizeMsg, DecodeStatus]] = []
+        known: List[Tuple[DetokenizeMsg, DecodeStatus, bool]] = []  # (msg, status, stop id)
         for msg in msgs:
             s = self.status.get(msg.uid)
             if s is None:
                 continue
+            stop_id = msg.error is None and msg.next_token in s.stop_token_ids
             if msg.error is None:
                 s.num_output_tokens += 1
                 # like the offline LLM: a final EOS ends the text and is not part of it
-                if s.ignore_eos or not (msg.finished and msg.next_token in self.eos_token_ids):
+                eos = msg.finished and msg.next_token in self.eos_token_ids and not s.ignore_eos
+                if not (eos or stop_id):
                     s.ids.append(msg.next_token)
-            known.append((msg, s))
+            known.append((msg, s, stop_id))
         context = self.tokenizer.batch_decode(
-            [s.ids[s.prefix_offset : s.read_offset] for _, s in known]
+            [s.ids[s.prefix_offset : s.read_offset] for _, s, _ in known]
         )
-        window = self.tokenizer.batch_decode([s.ids[s.prefix_offset :] for _, s in known])
+        window = self.tokenizer.batch_decode([s.ids[s.prefix_offset :] for _, s, _ in known])
         deltas: Dict[int, Delta] = {}
-        for (msg, s), before, now in zip(known, context, window):
+        for (msg, s, stop_id), before, now in zip(known, context, window):
             text = ""
             if len(now) > len(before) and not now.endswith(INCOMPLETE):
                 text = now[len(before) :]
                 s.prefix_offset, s.read_offset = s.read_offset, len(s.ids)
-            if msg.finished:
+            finished = msg.finished or stop_id
+            if finished:
                 text += self._flush(s, text)
-                del self.status[msg.uid]
             s.sent += text
+            stopped = False
+            if s.stop is not None:
+                text, stopped = s.stop.feed(text)
+                if finished and not stopped:
+                    text += s.stop.flush()
             reason = None
-            if msg.finished and msg.error is None:
+            if stopped or stop_id:
+                reason = "stop"
+            elif msg.finished and msg.error is None:
                 eos = msg.next_token in self.eos_token_ids and not s.ignore_eos
                 reason = "stop" if eos else "length"
+            if finished or stopped:
+                del self.status[msg.uid]
             deltas[id(msg)] = Delta(
                 msg.uid,
                 text,
-                msg.finished,
+                finished or stopped,
                 reason,
                 s.num_prompt_tokens,
                 s.num_output_tokens,
                 msg.error,
+                abort=(stopped or stop_id) and not msg.finished,
             )
         return [deltas.get(id(m)) for m in msgs]
 

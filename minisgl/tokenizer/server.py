@@ -11,7 +11,10 @@ Whatever is waiting is taken in one go, so one scheduler step's tokens (a
 ``BatchTokenizerMsg``) are detokenized together and answered in one ``BatchFrontendMsg``.
 One worker doing both jobs is upstream's default (``--num-tokenizer 0``); it also lets the
 detokenizer know each request's prompt length and ``ignore_eos``, which ``usage`` and
-the final-EOS rule need. Mirrors upstream ``minisgl.tokenizer.server.tokenize_worker``.
+the final-EOS rule need, and owns each request's stop strings: a request a stop ended is
+aborted in the scheduler (``AbortBackendMsg``) so it stops generating. A prompt that leaves
+fewer tokens of the context than an explicit ``max_tokens`` (``TokenizeMsg.context_len``)
+is refused with both numbers. Mirrors upstream ``minisgl.tokenizer.server.tokenize_worker``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class TokenizerWorker:
 
     def __init__(self, model_path: str, addr: str, backend_addr: str, frontend_addr: str) -> None:
         tokenizer = load_tokenizer(model_path)
+        # the longest text one token decodes to: bounds a prompt's bytes by the context
+        vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        self.max_token_bytes = max(len(t.encode("utf-8", "surrogatepass")) for t in vocab)
         self.tokenize_manager = TokenizeManager(tokenizer)
         self.detokenize_manager = DetokenizeManager(
             tokenizer, load_eos_token_ids(model_path, tokenizer)
@@ -98,6 +104,8 @@ class TokenizerWorker:
                     error=delta.error,
                 )
             )
+            if delta.abort:
+                to_backend.append(AbortBackendMsg(uid=delta.uid))
         for msg in msgs:
             if isinstance(msg, TokenizeMsg):
                 reply = self._tokenize_one(msg)
@@ -127,7 +135,18 @@ class TokenizerWorker:
             return UserReply(
                 uid=msg.uid, incremental_output="", finished=True, error=f"cannot tokenize: {e}"
             )
-        self.detokenize_manager.add(msg.uid, len(ids), msg.sampling_params.ignore_eos)
+        n, max_tokens, limit = len(ids), msg.sampling_params.max_tokens, msg.context_len
+        if limit and n < limit and n + max_tokens > limit:
+            return UserReply(
+                uid=msg.uid,
+                incremental_output="",
+                finished=True,
+                error=f"max_tokens is {max_tokens}, but the prompt has {n} tokens and the "
+                f"context limit is {limit} tokens: at most {limit - n} remain",
+            )
+        self.detokenize_manager.add(
+            msg.uid, n, msg.sampling_params.ignore_eos, msg.stop, msg.stop_token_ids
+        )
         return UserMsg(uid=msg.uid, input_ids=ids, sampling_params=msg.sampling_params)
 
     def stop(self) -> None:
