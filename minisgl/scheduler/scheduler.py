@@ -36,8 +36,6 @@ from .table import TableManager
 if TYPE_CHECKING:
     from minisgl.engine import BatchSamplingArgs, ForwardOutput
 
-    from .retract import RetractManager
-
 logger = init_logger(__name__)
 
 Indice2D: TypeAlias = Tuple[torch.Tensor, torch.Tensor]  # (rows [N] int64, columns [N] int64)
@@ -88,7 +86,7 @@ class Scheduler(SchedulerIOMixin):
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
         # chapter 22, loaded only when on: admit on an estimate, retract when pages run out
-        self.retract_manager: RetractManager | None = None
+        self.retract_manager = None  # a retract.RetractManager when on (typed there: no circle)
         if config.enable_retraction:
             from .retract import RetractManager
 

@@ -35,7 +35,7 @@ from .protocol import APIError
 
 if TYPE_CHECKING:
     from .args import ServerArgs
-    from .launch import Worker
+    from .worker import Worker
 
 logger = init_logger("minisgl.server.frontend")
 STATS_TIMEOUT_S = 10.0

@@ -31,8 +31,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, replace
-from multiprocessing.process import BaseProcess
+from dataclasses import replace
 from typing import Any, Dict, List
 
 from minisgl.distributed import DistributedInfo
@@ -40,21 +39,11 @@ from minisgl.utils import init_logger
 from minisgl.utils.mp import new_ipc_dir
 
 from .args import ServerArgs, parse_args, preflight
+from .worker import Worker
 
 logger = init_logger("minisgl.server.launch")
 STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint, or compiling kernels on first use
 STOP_TIMEOUT_S = 15.0
-
-
-@dataclass
-class Worker:
-    """A started worker process and the name logs use for it."""
-
-    name: str
-    process: BaseProcess
-
-    def describe(self) -> str:
-        return f"{self.name} (pid {self.process.pid})"
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -1,0 +1,21 @@
+"""A started worker process and the name logs use for it: what ``launch`` starts and the
+API server watches. Its own module so that the frontend can name it without importing the
+launcher (which imports the frontends). Mirrors the worker records of upstream
+``minisgl.server.launch``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+
+@dataclass
+class Worker:
+    """A started worker process (``process``) and the name logs use for it (``name``:
+    ``minisgl-scheduler-0``, ``minisgl-tokenizer``)."""
+
+    name: str
+    process: BaseProcess
+
+    def describe(self) -> str:
+        return f"{self.name} (pid {self.process.pid})"
