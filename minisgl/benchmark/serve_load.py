@@ -1,6 +1,6 @@
 """A bounded load test of the server: many concurrent streaming clients on loopback.
 
-    python benchmarks/serve_load.py [--model PATH] [--clients 200] [--disconnect 20]
+    python -m minisgl.benchmark.serve_load [--model PATH] [--clients 200] [--disconnect 20]
                                     [--min-tokens 4] [--max-tokens 48] [--device cpu|cuda]
                                     [--dtype float32|bfloat16] [--url http://127.0.0.1:PORT] [--timeout 900]
 
