@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from . import runner, sandbox
+from . import integrity, runner, sandbox
 from .problems import Problem
 from .verdict import (
     COMPILE,
@@ -60,6 +60,8 @@ def cuda_available() -> bool:
 
 
 NEEDS_GPU = "this exercise needs a CUDA GPU"
+REPO_GUARDED = ["minisgl", "tests", "practice", "tools", "examples", "conftest.py", "pyproject.toml"]
+BOX_GUARDED = ["minisgl", "tests", "tools", "examples", f"{sandbox.PLUGIN_NAME}.py", "conftest.py"]
 
 
 def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optional[str]:
@@ -98,7 +100,7 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
             check=False,
         )
         for line in (box / "events.jsonl").read_text(encoding="utf-8").splitlines():
-            ev = json.loads(line)
+            ev = json.loads(json.loads(line)["s"])  # unsealed here: a count, not a verdict
             if ev.get("ev") == "collected":
                 return len(ev["cases"])
     except Exception:  # noqa: BLE001 - the count is a courtesy
@@ -126,7 +128,12 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
     tests, missing = chapter_tests(root, problem, opts)
     for t in missing:
         say(f"  note: {t} is not in this checkout; judging without it")
+    # what a submission could rewrite: the repository's engine, tests and judge (restored
+    # and named after the run), and the sandbox's copies (hashed)
+    repo_guard = integrity.FileGuard(root, REPO_GUARDED, skip=["practice/workspace"])
     box, targets = sandbox.build(root, problem, file, tests)
+    box_guard = integrity.FileGuard(box, BOX_GUARDED, skip=[problem.module], keep=False)
+    integrity.protect(box, BOX_GUARDED, leave=box / problem.module)
     try:
         env = runner.child_env(
             box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
@@ -154,6 +161,9 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             on_event,
             extra=["-x"] if opts.first_failure else None,
         )
+        res.tampered += [
+            f"{what} (in the sandbox)" for what in box_guard.changes()
+        ] + [f"{what} (in the repository; restored)" for what in repo_guard.changes(restore=True)]
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
             raise RuntimeError(
                 f"the tests imported {res.module_file}, not the sandbox copy; "

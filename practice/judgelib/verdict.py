@@ -15,6 +15,7 @@ WRONG = "Wrong answer"
 RUNTIME = "Runtime error"
 TLE = "Time limit exceeded"
 COMPILE = "Compile error"
+REJECTED = "Rejected"  # the submission changed the judge (integrity.py)
 MAX_LINES = 30
 MAX_LINE = 200
 
@@ -109,6 +110,17 @@ def judge(
     skipped = len(res.cases) - len(ran)
     total = len(ran) if not res.collect_errors else reference_total
     v = Verdict(ACCEPTED, passed, total, skipped)
+    if res.tampered:
+        seen = list(dict.fromkeys(res.tampered))
+        return _with(
+            v,
+            REJECTED,
+            None,
+            problem,
+            "the submission changed the judge:\n"
+            + "\n".join(f"- {t}" for t in seen[:200])
+            + (f"\n[... {len(seen) - 12} more]" if len(seen) > 12 else ""),
+        )
     if res.collect_errors:
         err = res.collect_errors[0]
         name = COMPILE if "SyntaxError" in err.get("message", "") else RUNTIME
@@ -148,6 +160,15 @@ def judge(
         if not res.cases:
             return _with(
                 v, RUNTIME, None, problem, "no test case ran\n" + trim(res.log_tail, 15, tail=True)
+            )
+        if res.survivors:
+            return _with(
+                v,
+                RUNTIME,
+                None,
+                problem,
+                "processes started by the run were still running after it (killed):\n"
+                + "\n".join(f"- {s}" for s in res.survivors[:5]),
             )
         return v
     if first.outcome == "timeout":
