@@ -142,8 +142,7 @@ def _files(top: Path, skip: Iterable[str] = ()) -> Iterable[Path]:
         dirnames[:] = [
             d
             for d in dirnames
-            if d not in ("__pycache__", ".hypothesis", ".pytest_cache")
-            and str(rel / d) not in skip
+            if d not in ("__pycache__", ".hypothesis", ".pytest_cache") and str(rel / d) not in skip
         ]
         for name in filenames:
             if name.endswith((".pyc", ".pyo")):
@@ -165,7 +164,11 @@ class FileGuard:
         out: Dict[str, object] = {}
         for d in self.dirs:
             path = self.top / d
-            files = [path] if path.is_file() else _files(path, [s[len(d) + 1 :] for s in self.skip if s.startswith(d + "/")])
+            files = (
+                [path]
+                if path.is_file()
+                else _files(path, [s[len(d) + 1 :] for s in self.skip if s.startswith(d + "/")])
+            )
             for f in files:
                 if f.is_symlink():
                     continue

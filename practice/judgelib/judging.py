@@ -60,7 +60,15 @@ def cuda_available() -> bool:
 
 
 NEEDS_GPU = "this exercise needs a CUDA GPU"
-REPO_GUARDED = ["minisgl", "tests", "practice", "tools", "examples", "conftest.py", "pyproject.toml"]
+REPO_GUARDED = [
+    "minisgl",
+    "tests",
+    "practice",
+    "tools",
+    "examples",
+    "conftest.py",
+    "pyproject.toml",
+]
 BOX_GUARDED = ["minisgl", "tests", "tools", "examples", f"{sandbox.PLUGIN_NAME}.py", "conftest.py"]
 
 
@@ -161,9 +169,9 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             on_event,
             extra=["-x"] if opts.first_failure else None,
         )
-        res.tampered += [
-            f"{what} (in the sandbox)" for what in box_guard.changes()
-        ] + [f"{what} (in the repository; restored)" for what in repo_guard.changes(restore=True)]
+        res.tampered += [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
+            f"{what} (in the repository; restored)" for what in repo_guard.changes(restore=True)
+        ]
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
             raise RuntimeError(
                 f"the tests imported {res.module_file}, not the sandbox copy; "

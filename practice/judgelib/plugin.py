@@ -127,8 +127,16 @@ def _snapshot_machinery() -> None:
     _watch_module(
         time,
         _WATCH,
-        ["time", "perf_counter", "monotonic", "process_time", "sleep", "perf_counter_ns",
-         "monotonic_ns", "time_ns"],
+        [
+            "time",
+            "perf_counter",
+            "monotonic",
+            "process_time",
+            "sleep",
+            "perf_counter_ns",
+            "monotonic_ns",
+            "time_ns",
+        ],
     )
     _watch_module(os, _WATCH, ["_exit", "kill", "fork", "write"])
     import builtins
@@ -199,7 +207,7 @@ def _is_test_module(mod) -> bool:
         return False
     real = os.path.realpath(path)
     return real.startswith(_BOX + os.sep) and (
-        os.sep + "tests" + os.sep in real[len(_BOX):] or os.path.basename(real) == "conftest.py"
+        os.sep + "tests" + os.sep in real[len(_BOX) :] or os.path.basename(real) == "conftest.py"
     )
 
 
@@ -337,9 +345,7 @@ _state: dict = {}
 
 def pytest_runtest_logstart(nodeid, location) -> None:
     _state.clear()
-    _state.update(
-        nodeid=nodeid, t0=time.perf_counter(), outcome="passed", failure=None, body=False
-    )
+    _state.update(nodeid=nodeid, t0=time.perf_counter(), outcome="passed", failure=None, body=False)
     _emit(ev="start", case=nodeid)
 
 

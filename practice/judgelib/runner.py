@@ -220,7 +220,9 @@ def run(
         if outer is None or not hmac.compare_digest(
             hmac.new(key, body.encode(), hashlib.sha256).hexdigest(), str(mac)
         ):
-            res.tampered.append(f"the event stream has a line the judge did not write: {line[:120]!r}")
+            res.tampered.append(
+                f"the event stream has a line the judge did not write: {line[:120]!r}"
+            )
             return None
         ev = json.loads(body)
         if ev.get("seq") != seq + 1:
