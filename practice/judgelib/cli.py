@@ -217,7 +217,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return check(
                 root,
                 args.ids,
-                Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick),
+                Options(
+                    args.device,
+                    args.time_limit,
+                    args.keep,
+                    quiet=True,
+                    quick=args.quick,
+                    guard_repo=False,
+                ),
                 args.jobs,
             )
         _parser().print_help()

@@ -33,6 +33,9 @@ class Options:
     first_failure: bool = (
         False  # stop at the first case that does not pass (`check` of a wrong answer)
     )
+    # restore the repository's engine, tests and judge after the run (`test`, `verify`);
+    # never in `check`, whose files are the maintainer's and whose repository they edit
+    guard_repo: bool = True
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
@@ -138,7 +141,11 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         say(f"  note: {t} is not in this checkout; judging without it")
     # what a submission could rewrite: the repository's engine, tests and judge (restored
     # and named after the run), and the sandbox's copies (hashed)
-    repo_guard = integrity.FileGuard(root, REPO_GUARDED, skip=["practice/workspace"])
+    repo_guard = (
+        integrity.FileGuard(root, REPO_GUARDED, skip=["practice/workspace"])
+        if opts.guard_repo
+        else None
+    )
     box, targets = sandbox.build(root, problem, file, tests)
     box_guard = integrity.FileGuard(box, BOX_GUARDED, skip=[problem.module], keep=False)
     integrity.protect(box, BOX_GUARDED, leave=box / problem.module)
@@ -170,7 +177,8 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             extra=["-x"] if opts.first_failure else None,
         )
         res.tampered += [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
-            f"{what} (in the repository; restored)" for what in repo_guard.changes(restore=True)
+            f"{what} (in the repository; restored)"
+            for what in (repo_guard.changes(restore=True) if repo_guard else [])
         ]
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
             raise RuntimeError(
