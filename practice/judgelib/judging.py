@@ -187,6 +187,16 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             )
         ref_total = count_cases(root, problem, opts) if res.collect_errors else None
         v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
+        v.record = {
+            "cases": [
+                {"case": c.nodeid, "outcome": c.outcome, "seconds": round(c.duration, 4)}
+                for c in res.cases
+            ],
+            "device": res.device,
+            "device_name": res.device_name,
+            "versions": res.versions,
+            "targets": targets,
+        }
         for prefix in {str(box), str(box.resolve())}:  # show paths as the learner knows them
             v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(
                 f"{prefix}/", ""

@@ -29,6 +29,7 @@ class Verdict:
     detail: str = ""  # the first failure, formatted
     case: Optional[str] = None  # the case the verdict is about
     hint: Optional[str] = None
+    record: Optional[dict] = None  # per-case outcomes, device, versions (record.py)
 
     @property
     def accepted(self) -> bool:
