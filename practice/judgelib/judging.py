@@ -201,7 +201,9 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(
                 f"{prefix}/", ""
             )
-        v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:")
+        v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:").replace(
+            f'"{problem.module}"', f'"{shown}"'
+        )
         for line in first_failure_block(v):
             say(line)
         device = f"{res.device} ({res.device_name})" if res.device_name else res.device

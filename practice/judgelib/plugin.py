@@ -74,6 +74,15 @@ def _sealer():
 _emit = _sealer()
 del _sealer
 
+if os.environ.get("JUDGE_HANG_FILE"):
+    # the judge sends SIGUSR1 before it kills a case past its limit: every thread's stack
+    # goes to this file (opened now, before pytest redirects the output)
+    import faulthandler
+    import signal
+
+    _HANG = open(os.environ["JUDGE_HANG_FILE"], "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_HANG, all_threads=True)
+
 if not os.environ.get("MINISGL_DEVICE"):
     # Decide once here so the tests and the judge's report agree on the device.
     try:

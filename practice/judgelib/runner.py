@@ -48,6 +48,7 @@ class RunResult:
     returncode: Optional[int] = None
     killed_for: Optional[str] = None  # "case", "setup" (a fixture), "collect" or "total"
     log_tail: str = ""
+    hang_stack: str = ""  # where a case past its limit was (faulthandler), its frames only
     tampered: List[str] = field(default_factory=list)  # how the judge's machinery changed
     survivors: List[str] = field(default_factory=list)  # processes that outlived the run
     versions: Dict[str, str] = field(default_factory=dict)
@@ -182,7 +183,8 @@ def run(
     key_r, key_w = os.pipe()  # the key reaches the plugin before any learner code runs
     os.write(key_w, key)
     os.close(key_w)
-    env = dict(env, JUDGE_SEAL_FD=str(key_r))
+    hang = box / "hang.txt"
+    env = dict(env, JUDGE_SEAL_FD=str(key_r), JUDGE_HANG_FILE=str(hang))
     if uses_hypothesis(box, targets):
         env["JUDGE_HYPOTHESIS"] = "1"
     integrity.become_subreaper()
@@ -326,4 +328,23 @@ def run(
                 }
             )
     res.log_tail = _tail(log)
+    if res.killed_for:
+        res.hang_stack = where_it_hung(hang, box)
     return res
+
+
+def where_it_hung(path: Path, box: Path) -> str:
+    """The main thread's frames from the faulthandler dump that are the sandbox's code
+    (the learner's module, the engine, the tests), innermost first."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    threads = text.split("\n\n")
+    main = next((t for t in threads if "Current thread" in t), threads[0] if threads else "")
+    frames = []
+    for line in main.splitlines():
+        line = line.strip()
+        if line.startswith("File ") and str(box) in line and "_judge_plugin" not in line:
+            frames.append(line.replace(f"{box}/", ""))
+    return "\n".join(frames[:8])
