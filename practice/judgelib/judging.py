@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from . import integrity, runner, sandbox
 from .problems import Problem
@@ -121,6 +121,46 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     return None
 
 
+REFERENCE_TIMES = "reference_times.json"  # beside problem.md, written by `check`
+LIMIT_FACTOR = 10.0  # a case may take this many times the engine's own time ...
+LIMIT_FLOOR = 10.0  # ... but never less than this many seconds (a slower machine, a cold import)
+
+
+def case_limits(problem: Problem, time_limit: float, opts: Options) -> Dict[str, float]:
+    """Per-case limits from the engine's times that `check` recorded: ``LIMIT_FACTOR`` times
+    the reference, at least ``LIMIT_FLOOR`` s, at most the exercise's ``time_limit``. An
+    explicit ``--time-limit`` wins over all of them."""
+    if opts.time_limit:
+        return {}
+    try:
+        ref = json.loads((problem.dir / REFERENCE_TIMES).read_text(encoding="utf-8"))["cases"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {
+        case: min(time_limit, max(LIMIT_FLOOR, LIMIT_FACTOR * float(sec)))
+        for case, sec in ref.items()
+    }
+
+
+def record_reference_times(problem: Problem, v: Verdict) -> None:
+    """After the engine is Accepted in `check`: its per-case times, for ``case_limits``."""
+    import platform
+
+    cases = {
+        c["case"]: c["seconds"]
+        for c in (v.record or {}).get("cases", [])
+        if c["outcome"] == "passed"
+    }
+    data = {
+        "note": "seconds the engine's own module took per case, measured by `judge.py check`",
+        "machine": (v.record or {}).get("device_name") or platform.machine(),
+        "device": (v.record or {}).get("device", "?"),
+        "date": time.strftime("%Y-%m-%d"),
+        "cases": dict(sorted(cases.items())),
+    }
+    (problem.dir / REFERENCE_TIMES).write_text(json.dumps(data, indent=1) + "\n", "utf-8")
+
+
 def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
     t0 = time.perf_counter()
     say = (lambda *a: None) if opts.quiet else print  # noqa: E731
@@ -154,6 +194,12 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
         )
         width = 60
+        limits = case_limits(problem, time_limit, opts)
+        limit_text = (
+            f"{LIMIT_FACTOR:g}x the engine's time ({LIMIT_FLOOR:g}-{time_limit:g} s)"
+            if limits
+            else f"{time_limit:g} s"
+        )
 
         def on_event(ev: dict) -> None:
             nonlocal width
@@ -162,7 +208,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             elif ev.get("ev") == "session":
                 say(
                     f"  device {ev['device']} ({ev.get('device_name', '')}), "
-                    f"limits {time_limit:g} s per case, {problem.total_time_limit:g} s in all"
+                    f"limits {limit_text} per case, {problem.total_time_limit:g} s in all"
                 )
             elif ev.get("ev") == "result":
                 say(case_line(ev["case"], ev["outcome"], ev.get("duration", 0.0), width))
@@ -175,6 +221,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             problem.total_time_limit,
             on_event,
             extra=["-x"] if opts.first_failure else None,
+            case_limits=case_limits(problem, time_limit, opts),
         )
         res.tampered += [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
             f"{what} (in the repository; restored)"

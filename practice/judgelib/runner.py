@@ -48,6 +48,7 @@ class RunResult:
     returncode: Optional[int] = None
     killed_for: Optional[str] = None  # "case", "setup" (a fixture), "collect" or "total"
     log_tail: str = ""
+    case_limit: float = 0.0  # the limit of the last case that started its body
     hang_stack: str = ""  # where a case past its limit was (faulthandler), its frames only
     tampered: List[str] = field(default_factory=list)  # how the judge's machinery changed
     survivors: List[str] = field(default_factory=list)  # processes that outlived the run
@@ -163,13 +164,15 @@ def run(
     on_event=None,
     setup_limit: Optional[float] = None,
     extra: Optional[List[str]] = None,
+    case_limits: Optional[Dict[str, float]] = None,
 ) -> RunResult:
     """Run the targets; ``on_event(event)`` is called for each event as it arrives;
     ``extra``: more pytest arguments (``-x``).
 
     A case's body and teardown get ``time_limit`` seconds; its fixture setup (loading a
     model, say) gets ``setup_limit`` (default: the total limit), since that is not the
-    learner's code running. Only sealed events count (plugin.py); a line that does not
+    learner's code running; ``case_limits`` (case -> seconds) overrides ``time_limit`` per
+    case (judging.py ties it to the case's reference time). Only sealed events count (plugin.py); a line that does not
     verify, a tamper event, or a pass whose test function never returned fills
     ``tampered``; the run stops at the first of them.
     """
@@ -262,7 +265,9 @@ def run(
                         running = by_id.setdefault(ev["case"], Case(ev["case"]))
                         case_t0, limit = time.monotonic(), setup_limit
                     elif kind == "phase":  # the body (and its teardown) gets the case limit
-                        phase_t0, limit = time.monotonic(), time_limit
+                        phase_t0 = time.monotonic()
+                        limit = (case_limits or {}).get(ev["case"], time_limit)
+                        res.case_limit = limit
                     elif kind == "result":
                         case = by_id.setdefault(ev["case"], Case(ev["case"]))
                         case.outcome, case.failure = ev["outcome"], ev.get("failure")

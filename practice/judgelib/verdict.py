@@ -185,7 +185,7 @@ def judge(
             )
         return v
     if first.outcome == "timeout":
-        limit = time_limit if res.killed_for == "case" else total_limit
+        limit = (res.case_limit or time_limit) if res.killed_for == "case" else total_limit
         what = {"case": "case", "setup": "fixture setup"}.get(res.killed_for or "", "run")
         return _with(
             v,
