@@ -235,6 +235,7 @@ def _snapshot_tests() -> list:
             continue
         for key, (_, _, obj, code) in list(_TEST_WATCH.items())[before:]:
             fn = getattr(obj, "_fixture_function", obj)  # pytest's fixture wrapper
+            fn = getattr(getattr(fn, "hypothesis", None), "inner_test", fn)  # @given's
             fn = getattr(fn, "__func__", fn)
             code = getattr(fn, "__code__", None)
             if code is None or not os.path.realpath(code.co_filename) == os.path.realpath(
