@@ -77,3 +77,29 @@ def test_report_then_verify(toy, tmp_path):  # noqa: F811
     assert "the submitted file is not the one recorded" in bad.stdout
     assert "verdict: recorded 'Accepted', now 'Wrong answer'" in bad.stdout
     assert "Record NOT verified" in bad.stdout
+
+
+PROPERTY_TEST = """\
+from hypothesis import given, settings, strategies as st
+
+from minisgl.toy import add
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(), st.integers())
+def test_add_is_plus(a, b):
+    assert add(a, b) == a + b, f"add({a}, {b}) = {add(a, b)}"
+"""
+
+
+def test_a_property_test_reports_a_wrong_answer_without_shrinking(toy):  # noqa: F811
+    ex = toy / "practice" / "exercises" / "901_toy_add"
+    (ex / "test_toy_add.py").write_text(PROPERTY_TEST)
+    wrong = body("return a + b if abs(a) < 10**6 else a - b")  # wrong for big numbers only
+    out = judge_source(toy, wrong)
+    assert "Verdict: Wrong answer" in out.stdout, out.stdout
+    assert "First failure: test_ex901_toy_add.py::test_add_is_plus" in out.stdout
+    assert "Falsifying example" in out.stdout, out.stdout
+    # no shrink phase (judge mode): the example shown is the first that failed, not the
+    # minimal a=±1_000_000 that shrinking would spend the case's time looking for
+    assert re.search(r"a=-?1_000_000,", out.stdout) is None, out.stdout
