@@ -103,3 +103,23 @@ def test_a_property_test_reports_a_wrong_answer_without_shrinking(toy):  # noqa:
     # no shrink phase (judge mode): the example shown is the first that failed, not the
     # minimal a=±1_000_000 that shrinking would spend the case's time looking for
     assert re.search(r"a=-?1_?000_?000,", out.stdout) is None, out.stdout
+
+
+def test_spot_the_bug_plants_a_known_bug_and_reveals_it(toy):  # noqa: F811
+    from tests.test_judge import WRONG_ANSWER
+
+    broken = toy / "practice" / "exercises" / "901_toy_add" / "broken"
+    broken.mkdir()
+    (broken / "subtracts.toml").write_text(WRONG_ANSWER)
+    out = judge(toy, "bug", "901")
+    planted = toy / "practice" / "workspace" / "bug_901_toy_add.py"
+    assert "wrote practice/workspace/bug_901_toy_add.py" in out.stdout, out.stdout
+    assert "subtract" not in out.stdout  # which bug it is stays hidden
+    assert planted.read_text() != TOY
+    wrong = judge(toy, "901", "--file", str(planted), "--device", "cpu")
+    assert "Verdict: Wrong answer" in wrong.stdout
+    planted.write_text(TOY)  # the learner's fix
+    fixed = judge(toy, "901", "--file", str(planted), "--device", "cpu")
+    assert "Verdict: Accepted" in fixed.stdout
+    reveal = judge(toy, "bug", "901", "--reveal")
+    assert "The bug: " in reveal.stdout and "+    return a + b" in reveal.stdout, reveal.stdout

@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--quick", action="store_true", help="only the exercise's own tests (no chapter tests)"
         )
+    b = sub.add_parser("bug", help="spot the bug: the engine's module with a known bug planted")
+    b.add_argument("id", type=int)
+    b.add_argument("--reveal", action="store_true", help="show what the planted bug was")
+    b.add_argument("--new", action="store_true", help="plant another of the known bugs")
+    b.add_argument("--variant", type=int, help="plant this one (1, 2, ...) of the known bugs")
     sub.add_parser("doctor", help="what this machine can judge")
     so = sub.add_parser("solution", help="where the reference implementation lives")
     so.add_argument("id", type=int)
@@ -245,6 +250,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_start(root, args.id, args.force)
         if args.cmd == "test":
             return cmd_test(root, args)
+        if args.cmd == "bug":
+            from .bug import cmd_bug
+
+            return cmd_bug(root, _problem(root, args.id), args.variant, args.reveal, args.new)
         if args.cmd == "verify":
             return cmd_verify(root, args)
         if args.cmd == "solution":
