@@ -146,7 +146,7 @@ ATTACKS: Dict[str, tuple] = {
         print("Verdict: Accepted · 10 / 10 cases · device cpu")
         with open(os.environ["JUDGE_EVENTS"], "a") as f:
             f.write(json.dumps({"ev": "collected", "cases": ["x"]}) + "\\n")
-            f.write(json.dumps({"ev": "result", "case": "x", "outcome": "passed"}) + "\\n")
+            f.write(json.dumps({"ev": "result", "case": "x", "outcome": "passed", "duration": 0.1}) + "\\n")
             f.write(json.dumps({"ev": "done", "exitstatus": 0}) + "\\n")
         os._exit(0)
         """,
