@@ -224,9 +224,11 @@ def _snapshot_tests() -> list:
     """Watch the tests' modules; return the functions that differ from their source."""
     found = []
     for name, mod in list(sys.modules.items()):
-        if mod is None or name in _TEST_FILES_CHECKED or not _is_test_module(mod):
+        if name in _TEST_FILES_CHECKED:
             continue
-        _TEST_FILES_CHECKED.add(name)
+        _TEST_FILES_CHECKED.add(name)  # each module is looked at once (sys.modules is long)
+        if mod is None or not _is_test_module(mod):
+            continue
         before = len(_TEST_WATCH)
         _watch_module(mod, _TEST_WATCH)
         try:
