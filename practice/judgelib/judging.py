@@ -143,7 +143,8 @@ def case_limits(problem: Problem, time_limit: float, opts: Options) -> Dict[str,
 
 
 def record_reference_times(problem: Problem, v: Verdict) -> None:
-    """After the engine is Accepted in `check`: its per-case times, for ``case_limits``."""
+    """After the engine is Accepted in `check`: its per-case times, for ``case_limits``
+    (kept as they are while the cases are the same, so `check` does not churn the file)."""
     import platform
 
     cases = {
@@ -158,7 +159,13 @@ def record_reference_times(problem: Problem, v: Verdict) -> None:
         "date": time.strftime("%Y-%m-%d"),
         "cases": dict(sorted(cases.items())),
     }
-    (problem.dir / REFERENCE_TIMES).write_text(json.dumps(data, indent=1) + "\n", "utf-8")
+    path = problem.dir / REFERENCE_TIMES
+    try:
+        if set(json.loads(path.read_text(encoding="utf-8"))["cases"]) == set(cases):
+            return
+    except (OSError, ValueError, KeyError):
+        pass
+    path.write_text(json.dumps(data, indent=1) + "\n", "utf-8")
 
 
 def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
