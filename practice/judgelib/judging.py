@@ -142,6 +142,14 @@ def case_limits(problem: Problem, time_limit: float, opts: Options) -> Dict[str,
     }
 
 
+def reference_device(problem: Problem) -> str:
+    """The device the reference times were measured on (they hold only there)."""
+    try:
+        return json.loads((problem.dir / REFERENCE_TIMES).read_text(encoding="utf-8"))["device"]
+    except (OSError, ValueError, KeyError):
+        return "?"
+
+
 def record_reference_times(problem: Problem, v: Verdict) -> None:
     """After the engine is Accepted in `check`: its per-case times, for ``case_limits``
     (kept as they are while the cases are the same, so `check` does not churn the file)."""
@@ -202,17 +210,18 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         )
         width = 60
         limits = case_limits(problem, time_limit, opts)
-        limit_text = (
-            f"{LIMIT_FACTOR:g}x the engine's time ({LIMIT_FLOOR:g}-{time_limit:g} s)"
-            if limits
-            else f"{time_limit:g} s"
-        )
+        ref_device = reference_device(problem)
 
         def on_event(ev: dict) -> None:
             nonlocal width
             if ev.get("ev") == "collected" and ev["cases"]:
                 width = min(90, max(len(short_name(c)) for c in ev["cases"]))
             elif ev.get("ev") == "session":
+                limit_text = (
+                    f"{LIMIT_FACTOR:g}x the engine's time ({LIMIT_FLOOR:g}-{time_limit:g} s)"
+                    if limits and ev["device"].split(":")[0] == ref_device
+                    else f"{time_limit:g} s"
+                )
                 say(
                     f"  device {ev['device']} ({ev.get('device_name', '')}), "
                     f"limits {limit_text} per case, {problem.total_time_limit:g} s in all"
@@ -228,7 +237,8 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             problem.total_time_limit,
             on_event,
             extra=["-x"] if opts.first_failure else None,
-            case_limits=case_limits(problem, time_limit, opts),
+            case_limits=limits,
+            limits_device=ref_device,
         )
         res.tampered += [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
             f"{what} (in the repository; restored)"

@@ -165,6 +165,7 @@ def run(
     setup_limit: Optional[float] = None,
     extra: Optional[List[str]] = None,
     case_limits: Optional[Dict[str, float]] = None,
+    limits_device: str = "?",
 ) -> RunResult:
     """Run the targets; ``on_event(event)`` is called for each event as it arrives;
     ``extra``: more pytest arguments (``-x``).
@@ -172,7 +173,8 @@ def run(
     A case's body and teardown get ``time_limit`` seconds; its fixture setup (loading a
     model, say) gets ``setup_limit`` (default: the total limit), since that is not the
     learner's code running; ``case_limits`` (case -> seconds) overrides ``time_limit`` per
-    case (judging.py ties it to the case's reference time). Only sealed events count (plugin.py); a line that does not
+    case (judging.py ties it to the case's reference time) when the run's device is
+    ``limits_device``, the one those times were measured on. Only sealed events count (plugin.py); a line that does not
     verify, a tamper event, or a pass whose test function never returned fills
     ``tampered``; the run stops at the first of them.
     """
@@ -266,7 +268,10 @@ def run(
                         case_t0, limit = time.monotonic(), setup_limit
                     elif kind == "phase":  # the body (and its teardown) gets the case limit
                         phase_t0 = time.monotonic()
-                        limit = (case_limits or {}).get(ev["case"], time_limit)
+                        same = res.device.split(":")[0] == limits_device
+                        limit = (
+                            (case_limits or {}).get(ev["case"], time_limit) if same else time_limit
+                        )
                         res.case_limit = limit
                     elif kind == "result":
                         case = by_id.setdefault(ev["case"], Case(ev["case"]))
