@@ -74,6 +74,14 @@ ATTACKS: Dict[str, tuple] = {
         """,
         "Rejected",
     ),
+    "patch another engine module the tests use": (
+        """
+        import minisgl.kvcache as kv
+        _real = kv.create_prefix_cache
+        kv.create_prefix_cache = lambda *a, **k: _real(*a, **k)
+        """,
+        "Rejected",
+    ),
     "patch the judge's plugin, then pytest": (
         """
         import sys
