@@ -1,14 +1,14 @@
 """Submissions that attack the judge instead of solving the exercise, and their verdicts.
 
 Each attack is a wrong answer to exercise 111 (``Req.remain_len`` returns 0) plus code that
-tries to turn that into Accepted: patching pytest, the tests' helpers or the judge's plugin,
-exiting early, rewriting the tests or the engine (in the sandbox and in the repository),
-patching ``time``, forging the event stream, skipping its own failures, leaving a process
-behind. Every one must get a verdict other than Accepted, the repository's engine and tests
+tries to turn that into Accepted: patching pytest, the tests' helpers, another engine module
+or the judge's plugin, exiting early, rewriting the tests or the engine (in the sandbox and
+in the repository), patching ``time``, forging the event stream, skipping its own failures,
+leaving a process behind (that one on the right answer). Every one must get a verdict other than Accepted, the repository's engine and tests
 must be byte-identical afterwards, and no process it started may be left alive.
 
 The judge runs on a copy of the repository (``--root``) with ``--quick`` (the exercise's own
-tests), all attacks at once in a few threads: about 30 s on two CPU cores.
+tests), three attacks at a time: about a minute on two CPU cores.
 ``python tests/test_practice_attacks.py [JUDGE]`` prints the table (attack, verdict) for
 that judge (default: this checkout's).
 """
