@@ -36,7 +36,7 @@ from tools.jobs import in_order
 
 from . import broken
 from . import problems as P
-from .judging import NEEDS_GPU, Options, cannot_judge, judge_file
+from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, record_reference_times
 from .signatures import drift
 from .starter import StarterError, starter_source
 from .verdict import compile_check
@@ -105,6 +105,8 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
                 f"    {run.label:<36} {shown}"
                 + (f" ({v.skipped} GPU cases skipped)" if partial and v.skipped else "")
             )
+            if run.must_pass and v.accepted and not partial and not opts.quick:
+                record_reference_times(p, v)  # the per-case limits of judging.case_limits
             if run.must_pass and not v.accepted:
                 detail = "\n".join("      " + ln for ln in v.detail.splitlines()[:25])
                 errors.append(f"{run.label} is not accepted: {v.name}\n{detail}")
@@ -142,7 +144,9 @@ def check_exercise(root: Path, p: P.Problem, opts: Options) -> str:
     why = cannot_judge(root, p, opts.device)
     if why == NEEDS_GPU:
         print("    no CUDA here: static checks and the exercise's own tests on the CPU only")
-        cpu = Options("cpu", opts.time_limit, opts.keep, quiet=True, quick=True)
+        cpu = Options(
+            "cpu", opts.time_limit, opts.keep, quiet=True, quick=True, guard_repo=opts.guard_repo
+        )
         errors = check_one(root, p, cpu, partial=True)
         for e in errors:
             print(f"  ✗ {e}")

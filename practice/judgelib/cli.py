@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--file", type=Path, help="judge this file instead of practice/workspace/<id>_<slug>.py"
     )
+    t.add_argument("--report", type=Path, help="write the verdict record (JSON) to this file")
+    ve = sub.add_parser(
+        "verify", help="re-judge the file a verdict record names and compare with the record"
+    )
+    ve.add_argument("record", type=Path)
+    ve.add_argument("--file", type=Path, help="the submitted file, if it moved since")
     c = sub.add_parser("check", help="maintainers: engine passes, starter fails, signatures match")
     c.add_argument("ids", type=int, nargs="*")
     c.add_argument(
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="exercises checked at once, each report printed whole when done (default 1)",
     )
-    for q in (t, c):
+    for q in (t, c, ve):
         q.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
         q.add_argument(
             "--time-limit", type=float, help="seconds per case (default: from problem.md)"
@@ -55,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--quick", action="store_true", help="only the exercise's own tests (no chapter tests)"
         )
+    b = sub.add_parser("bug", help="spot the bug: the engine's module with a known bug planted")
+    b.add_argument("id", type=int)
+    b.add_argument("--reveal", action="store_true", help="show what the planted bug was")
+    b.add_argument("--new", action="store_true", help="plant another of the known bugs")
+    b.add_argument("--variant", type=int, help="plant this one (1, 2, ...) of the known bugs")
     sub.add_parser("doctor", help="what this machine can judge")
     so = sub.add_parser("solution", help="where the reference implementation lives")
     so.add_argument("id", type=int)
@@ -148,6 +159,11 @@ def cmd_test(root: Path, args) -> int:
         print(
             f"CPU preview only: {v.skipped} GPU cases were skipped. Exercise {args.id} is judged on a CUDA GPU."
         )
+    if args.report:
+        from . import record
+
+        record.write(args.report, record.make(root, problem, file, v, args.quick))
+        print(f"record written to {args.report}")
     if args.file is None:
         write_status(
             root,
@@ -156,6 +172,35 @@ def cmd_test(root: Path, args) -> int:
             f"{v.passed}/{v.total}",
         )
     return 0 if v.accepted else 1
+
+
+def cmd_verify(root: Path, args) -> int:
+    import json
+
+    from . import record
+
+    try:
+        old = json.loads(args.record.read_text(encoding="utf-8"))
+        pid, file = int(old["exercise"]), Path(args.file or old["submission"]["path"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"{args.record} is not a verdict record: {e}")
+        return 2
+    problem = _problem(root, pid)
+    if not file.is_file():
+        print(f"{file} (the file the record names) does not exist; give it with --file")
+        return 2
+    quick = bool(old.get("quick"))
+    opts = Options(args.device or old.get("device"), args.time_limit, args.keep, quick=quick)
+    v = judge_file(root, problem, file, opts)
+    diffs = record.compare(old, record.make(root, problem, file, v, quick))
+    errors = [d for d in diffs if not d.startswith("note:")]
+    for d in diffs:
+        print(f"  {d}")
+    print(
+        f"Record {'verified' if not errors else 'NOT verified'}: {old['verdict']} · "
+        f"{old['passed']} / {old['total']} cases, exercise {pid}, {args.record}"
+    )
+    return 0 if not errors else 1
 
 
 def cmd_solution(root: Path, pid: int, yes: bool) -> int:
@@ -205,6 +250,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             return cmd_start(root, args.id, args.force)
         if args.cmd == "test":
             return cmd_test(root, args)
+        if args.cmd == "bug":
+            from .bug import cmd_bug
+
+            return cmd_bug(root, _problem(root, args.id), args.variant, args.reveal, args.new)
+        if args.cmd == "verify":
+            return cmd_verify(root, args)
         if args.cmd == "solution":
             return cmd_solution(root, args.id, args.yes)
         if args.cmd == "doctor":
@@ -217,7 +268,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return check(
                 root,
                 args.ids,
-                Options(args.device, args.time_limit, args.keep, quiet=True, quick=args.quick),
+                Options(
+                    args.device,
+                    args.time_limit,
+                    args.keep,
+                    quiet=True,
+                    quick=args.quick,
+                    guard_repo=False,
+                ),
                 args.jobs,
             )
         _parser().print_help()

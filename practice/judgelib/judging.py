@@ -7,9 +7,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from . import runner, sandbox
+from . import integrity, runner, sandbox
 from .problems import Problem
 from .verdict import (
     COMPILE,
@@ -33,6 +33,9 @@ class Options:
     first_failure: bool = (
         False  # stop at the first case that does not pass (`check` of a wrong answer)
     )
+    # restore the repository's engine, tests and judge after the run (`test`, `verify`);
+    # never in `check`, whose files are the maintainer's and whose repository they edit
+    guard_repo: bool = True
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
@@ -60,6 +63,16 @@ def cuda_available() -> bool:
 
 
 NEEDS_GPU = "this exercise needs a CUDA GPU"
+REPO_GUARDED = [
+    "minisgl",
+    "tests",
+    "practice",
+    "tools",
+    "examples",
+    "conftest.py",
+    "pyproject.toml",
+]
+BOX_GUARDED = ["minisgl", "tests", "tools", "examples", f"{sandbox.PLUGIN_NAME}.py", "conftest.py"]
 
 
 def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optional[str]:
@@ -98,7 +111,7 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
             check=False,
         )
         for line in (box / "events.jsonl").read_text(encoding="utf-8").splitlines():
-            ev = json.loads(line)
+            ev = json.loads(json.loads(line)["s"])  # unsealed here: a count, not a verdict
             if ev.get("ev") == "collected":
                 return len(ev["cases"])
     except Exception:  # noqa: BLE001 - the count is a courtesy
@@ -106,6 +119,61 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     finally:
         sandbox.remove(box)
     return None
+
+
+REFERENCE_TIMES = "reference_times.json"  # beside problem.md, written by `check`
+LIMIT_FACTOR = 10.0  # a case may take this many times the engine's own time ...
+LIMIT_FLOOR = 10.0  # ... but never less than this many seconds (a slower machine, a cold import)
+
+
+def case_limits(problem: Problem, time_limit: float, opts: Options) -> Dict[str, float]:
+    """Per-case limits from the engine's times that `check` recorded: ``LIMIT_FACTOR`` times
+    the reference, at least ``LIMIT_FLOOR`` s, at most the exercise's ``time_limit``. An
+    explicit ``--time-limit`` wins over all of them."""
+    if opts.time_limit:
+        return {}
+    try:
+        ref = json.loads((problem.dir / REFERENCE_TIMES).read_text(encoding="utf-8"))["cases"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {
+        case: min(time_limit, max(LIMIT_FLOOR, LIMIT_FACTOR * float(sec)))
+        for case, sec in ref.items()
+    }
+
+
+def reference_device(problem: Problem) -> str:
+    """The device the reference times were measured on (they hold only there)."""
+    try:
+        return json.loads((problem.dir / REFERENCE_TIMES).read_text(encoding="utf-8"))["device"]
+    except (OSError, ValueError, KeyError):
+        return "?"
+
+
+def record_reference_times(problem: Problem, v: Verdict) -> None:
+    """After the engine is Accepted in `check`: its per-case times, for ``case_limits``
+    (kept as they are while the cases are the same, so `check` does not churn the file)."""
+    import platform
+
+    cases = {
+        c["case"]: c["seconds"]
+        for c in (v.record or {}).get("cases", [])
+        if c["outcome"] == "passed"
+    }
+    data = {
+        "note": "seconds the engine's own module took per case, measured by `judge.py check`",
+        "machine": (v.record or {}).get("device_name") or platform.machine(),
+        "device": (v.record or {}).get("device", "?"),
+        "date": time.strftime("%Y-%m-%d"),
+        "cases": dict(sorted(cases.items())),
+    }
+    path = problem.dir / REFERENCE_TIMES
+    try:
+        if set(json.loads(path.read_text(encoding="utf-8"))["cases"]) == set(cases):
+            return
+    except (OSError, ValueError, KeyError):
+        pass
+    path.write_text(json.dumps(data, indent=1) + "\n", "utf-8")
 
 
 def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
@@ -126,21 +194,37 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
     tests, missing = chapter_tests(root, problem, opts)
     for t in missing:
         say(f"  note: {t} is not in this checkout; judging without it")
+    # what a submission could rewrite: the repository's engine, tests and judge (restored
+    # and named after the run), and the sandbox's copies (hashed)
+    repo_guard = (
+        integrity.FileGuard(root, REPO_GUARDED, skip=["practice/workspace"])
+        if opts.guard_repo
+        else None
+    )
     box, targets = sandbox.build(root, problem, file, tests)
+    box_guard = integrity.FileGuard(box, BOX_GUARDED, skip=[problem.module], keep=False)
+    integrity.protect(box, BOX_GUARDED, leave=box / problem.module)
     try:
         env = runner.child_env(
             box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
         )
         width = 60
+        limits = case_limits(problem, time_limit, opts)
+        ref_device = reference_device(problem)
 
         def on_event(ev: dict) -> None:
             nonlocal width
             if ev.get("ev") == "collected" and ev["cases"]:
                 width = min(90, max(len(short_name(c)) for c in ev["cases"]))
             elif ev.get("ev") == "session":
+                limit_text = (
+                    f"{LIMIT_FACTOR:g}x the engine's time ({LIMIT_FLOOR:g}-{time_limit:g} s)"
+                    if limits and ev["device"].split(":")[0] == ref_device
+                    else f"{time_limit:g} s"
+                )
                 say(
                     f"  device {ev['device']} ({ev.get('device_name', '')}), "
-                    f"limits {time_limit:g} s per case, {problem.total_time_limit:g} s in all"
+                    f"limits {limit_text} per case, {problem.total_time_limit:g} s in all"
                 )
             elif ev.get("ev") == "result":
                 say(case_line(ev["case"], ev["outcome"], ev.get("duration", 0.0), width))
@@ -153,7 +237,13 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             problem.total_time_limit,
             on_event,
             extra=["-x"] if opts.first_failure else None,
+            case_limits=limits,
+            limits_device=ref_device,
         )
+        res.tampered += [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
+            f"{what} (in the repository; restored)"
+            for what in (repo_guard.changes(restore=True) if repo_guard else [])
+        ]
         if res.module_file and not Path(res.module_file).resolve().is_relative_to(box.resolve()):
             raise RuntimeError(
                 f"the tests imported {res.module_file}, not the sandbox copy; "
@@ -161,11 +251,23 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             )
         ref_total = count_cases(root, problem, opts) if res.collect_errors else None
         v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
+        v.record = {
+            "cases": [
+                {"case": c.nodeid, "outcome": c.outcome, "seconds": round(c.duration, 4)}
+                for c in res.cases
+            ],
+            "device": res.device,
+            "device_name": res.device_name,
+            "versions": res.versions,
+            "targets": targets,
+        }
         for prefix in {str(box), str(box.resolve())}:  # show paths as the learner knows them
             v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(
                 f"{prefix}/", ""
             )
-        v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:")
+        v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:").replace(
+            f'"{problem.module}"', f'"{shown}"'
+        )
         for line in first_failure_block(v):
             say(line)
         device = f"{res.device} ({res.device_name})" if res.device_name else res.device

@@ -8,6 +8,8 @@ is a RunResult, never an exception in the judge.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import resource
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from . import integrity
 from .sandbox import PLUGIN_NAME
 
 MAX_FILE_BYTES = 256 * 1024 * 1024  # a learner printing without end hits this, not the disk
@@ -45,6 +48,12 @@ class RunResult:
     returncode: Optional[int] = None
     killed_for: Optional[str] = None  # "case", "setup" (a fixture), "collect" or "total"
     log_tail: str = ""
+    case_limit: float = 0.0  # the limit of the last case that started its body
+    hang_stack: str = ""  # where a case past its limit was (faulthandler), its frames only
+    tampered: List[str] = field(default_factory=list)  # how the judge's machinery changed
+    survivors: List[str] = field(default_factory=list)  # processes that outlived the run
+    versions: Dict[str, str] = field(default_factory=dict)
+    wall: Dict[str, float] = field(default_factory=dict)  # case -> seconds, the judge's clock
 
 
 def _limit_child() -> None:
@@ -52,11 +61,15 @@ def _limit_child() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    _signal_group(proc, signal.SIGKILL)
     proc.wait()
 
 
@@ -110,7 +123,7 @@ def child_env(
     return env
 
 
-def _uses_hypothesis(box: Path, targets: List[str]) -> bool:
+def uses_hypothesis(box: Path, targets: List[str]) -> bool:
     files = [box / t.split("::")[0] for t in targets] + list(box.glob("**/conftest.py"))
     for f in files:
         try:
@@ -123,7 +136,7 @@ def _uses_hypothesis(box: Path, targets: List[str]) -> bool:
 
 def pytest_command(box: Path, targets: List[str], extra: Optional[List[str]] = None) -> List[str]:
     # hypothesis' pytest plugin costs seconds at startup; load it only for tests that use it
-    skip = [] if _uses_hypothesis(box, targets) else ["-p", "no:hypothesispytest"]
+    skip = [] if uses_hypothesis(box, targets) else ["-p", "no:hypothesispytest"]
     return [
         sys.executable,
         "-m",
@@ -151,13 +164,19 @@ def run(
     on_event=None,
     setup_limit: Optional[float] = None,
     extra: Optional[List[str]] = None,
+    case_limits: Optional[Dict[str, float]] = None,
+    limits_device: str = "?",
 ) -> RunResult:
     """Run the targets; ``on_event(event)`` is called for each event as it arrives;
     ``extra``: more pytest arguments (``-x``).
 
     A case's body and teardown get ``time_limit`` seconds; its fixture setup (loading a
     model, say) gets ``setup_limit`` (default: the total limit), since that is not the
-    learner's code running.
+    learner's code running; ``case_limits`` (case -> seconds) overrides ``time_limit`` per
+    case (judging.py ties it to the case's reference time) when the run's device is
+    ``limits_device``, the one those times were measured on. Only sealed events count (plugin.py); a line that does not
+    verify, a tamper event, or a pass whose test function never returned fills
+    ``tampered``; the run stops at the first of them.
     """
     setup_limit = total_limit if setup_limit is None else setup_limit
     events_path = Path(env["JUDGE_EVENTS"])
@@ -165,23 +184,60 @@ def run(
     log = box / "pytest.log"
     res = RunResult()
     by_id: Dict[str, Case] = {}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            pytest_command(box, targets, extra),
-            cwd=box,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_limit_child,
-        )
+    key = os.urandom(32)
+    key_r, key_w = os.pipe()  # the key reaches the plugin before any learner code runs
+    os.write(key_w, key)
+    os.close(key_w)
+    hang = box / "hang.txt"
+    env = dict(env, JUDGE_SEAL_FD=str(key_r), JUDGE_HANG_FILE=str(hang))
+    if uses_hypothesis(box, targets):
+        env["JUDGE_HYPOTHESIS"] = "1"
+    integrity.become_subreaper()
+    before = integrity.children()
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                pytest_command(box, targets, extra),
+                cwd=box,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_limit_child,
+                pass_fds=(key_r,),
+            )
+    finally:
+        os.close(key_r)
     t0 = time.monotonic()
     running: Optional[Case] = None
     case_t0 = phase_t0 = 0.0
     limit = time_limit
     collected = False
     buf = ""
+    seq = 0
+
+    def opened(line: str) -> Optional[dict]:
+        nonlocal seq
+        try:
+            outer = json.loads(line)
+            body, mac = outer["s"], outer["m"]
+        except (ValueError, TypeError, KeyError):
+            outer = None
+        if outer is None or not hmac.compare_digest(
+            hmac.new(key, body.encode(), hashlib.sha256).hexdigest(), str(mac)
+        ):
+            res.tampered.append(
+                f"the event stream has a line the judge did not write: {line[:120]!r}"
+            )
+            return None
+        ev = json.loads(body)
+        if ev.get("seq") != seq + 1:
+            res.tampered.append("the event stream was replayed or cut (out of sequence)")
+            return None
+        seq += 1
+        return ev
+
     try:
         with open(events_path, encoding="utf-8", errors="replace") as stream:
             while True:
@@ -189,13 +245,17 @@ def run(
                 buf += stream.read()
                 *lines, buf = buf.split("\n")
                 for line in lines:
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
+                    if not line.strip():
                         continue
+                    ev = opened(line)
+                    if ev is None:
+                        break
                     kind = ev.get("ev")
                     if kind == "session":
                         res.device, res.device_name = ev["device"], ev.get("device_name", "")
+                        res.versions = ev.get("versions", {})
+                    elif kind == "tamper":
+                        res.tampered += ev.get("what", [])
                     elif kind == "collect_error":
                         res.collect_errors.append(ev)
                     elif kind == "collected":
@@ -207,17 +267,33 @@ def run(
                         running = by_id.setdefault(ev["case"], Case(ev["case"]))
                         case_t0, limit = time.monotonic(), setup_limit
                     elif kind == "phase":  # the body (and its teardown) gets the case limit
-                        phase_t0, limit = time.monotonic(), time_limit
+                        phase_t0 = time.monotonic()
+                        same = res.device.split(":")[0] == limits_device
+                        limit = (
+                            (case_limits or {}).get(ev["case"], time_limit) if same else time_limit
+                        )
+                        res.case_limit = limit
                     elif kind == "result":
                         case = by_id.setdefault(ev["case"], Case(ev["case"]))
-                        case.outcome, case.duration = ev["outcome"], ev["duration"]
-                        case.failure = ev.get("failure")
+                        case.outcome, case.failure = ev["outcome"], ev.get("failure")
+                        # the judge's clock, not the child's (which the learner can patch)
+                        case.duration = time.monotonic() - case_t0
+                        res.wall[case.nodeid] = case.duration
+                        if case.outcome == "passed" and not ev.get("body"):
+                            res.tampered.append(
+                                f"{case.nodeid} was reported passed, but its test function "
+                                "never returned (pytest's way of running tests was changed)"
+                            )
+                        ev = dict(ev, duration=case.duration)
                         running = None
                     elif kind == "done":
                         res.finished = True
                         res.module_file = ev.get("module_file") or res.module_file
                     if on_event is not None:
                         on_event(ev)
+                if res.tampered:
+                    _kill_group(proc)
+                    break
                 if exited:
                     break
                 now = time.monotonic()
@@ -228,6 +304,9 @@ def run(
                 elif not collected and now - t0 > COLLECT_LIMIT_S:  # a loop at import time
                     res.killed_for = "collect"
                 if res.killed_for:
+                    # where it hung: the child's faulthandler prints every thread's stack
+                    _signal_group(proc, signal.SIGUSR1)
+                    time.sleep(0.5)
                     _kill_group(proc)
                     if running is not None:
                         running.outcome, running.duration = "timeout", now - case_t0
@@ -245,6 +324,7 @@ def run(
     finally:
         if proc.poll() is None:
             _kill_group(proc)
+        res.survivors = integrity.reap_descendants(proc.pid, before)
     res.returncode = proc.returncode
     if running is not None and running.outcome == "not run":
         running.outcome, running.duration = "crashed", time.monotonic() - case_t0
@@ -258,4 +338,23 @@ def run(
                 }
             )
     res.log_tail = _tail(log)
+    if res.killed_for:
+        res.hang_stack = where_it_hung(hang, box)
     return res
+
+
+def where_it_hung(path: Path, box: Path) -> str:
+    """The main thread's frames from the faulthandler dump that are the sandbox's code
+    (the learner's module, the engine, the tests), innermost first."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    threads = text.split("\n\n")
+    main = next((t for t in threads if "Current thread" in t), threads[0] if threads else "")
+    frames = []
+    for line in main.splitlines():
+        line = line.strip()
+        if line.startswith("File ") and str(box) in line and "_judge_plugin" not in line:
+            frames.append(line.replace(f"{box}/", ""))
+    return "\n".join(frames[:8])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ WRONG = "Wrong answer"
 RUNTIME = "Runtime error"
 TLE = "Time limit exceeded"
 COMPILE = "Compile error"
+REJECTED = "Rejected"  # the submission changed the judge (integrity.py)
 MAX_LINES = 30
 MAX_LINE = 200
 
@@ -28,6 +30,7 @@ class Verdict:
     detail: str = ""  # the first failure, formatted
     case: Optional[str] = None  # the case the verdict is about
     hint: Optional[str] = None
+    record: Optional[dict] = None  # per-case outcomes, device, versions (record.py)
 
     @property
     def accepted(self) -> bool:
@@ -84,8 +87,19 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"the test process exited with code {code}"
 
 
+_REPR_NOISE = re.compile(
+    r"<\[(\w+)\((?:[^\[\]]|\[[^\]]*\])*?\) raised in repr\(\)\] (\w+) object at 0x[0-9a-f]+>"
+)
+
+
+def clean(text: str) -> str:
+    """pytest's ``<[AttributeError(...) raised in repr()] Batch object at 0x7f..>`` (an
+    object whose __repr__ failed while the traceback was written) as ``<Batch object>``."""
+    return _REPR_NOISE.sub(lambda m: f"<{m.group(2)} object>", text)
+
+
 def _failure_text(case: Case) -> str:
-    f = case.failure or {}
+    f = {k: clean(v) if isinstance(v, str) else v for k, v in (case.failure or {}).items()}
     parts = []
     if f.get("longrepr"):
         parts.append(trim(f["longrepr"], tail=True))
@@ -109,6 +123,17 @@ def judge(
     skipped = len(res.cases) - len(ran)
     total = len(ran) if not res.collect_errors else reference_total
     v = Verdict(ACCEPTED, passed, total, skipped)
+    if res.tampered:
+        seen = list(dict.fromkeys(res.tampered))
+        return _with(
+            v,
+            REJECTED,
+            None,
+            problem,
+            "the submission changed the judge:\n"
+            + "\n".join(f"- {t}" for t in seen[:200])
+            + (f"\n[... {len(seen) - 12} more]" if len(seen) > 12 else ""),
+        )
     if res.collect_errors:
         err = res.collect_errors[0]
         name = COMPILE if "SyntaxError" in err.get("message", "") else RUNTIME
@@ -149,16 +174,30 @@ def judge(
             return _with(
                 v, RUNTIME, None, problem, "no test case ran\n" + trim(res.log_tail, 15, tail=True)
             )
+        if res.survivors:
+            return _with(
+                v,
+                RUNTIME,
+                None,
+                problem,
+                "processes started by the run were still running after it (killed):\n"
+                + "\n".join(f"- {s}" for s in res.survivors[:5]),
+            )
         return v
     if first.outcome == "timeout":
-        limit = time_limit if res.killed_for == "case" else total_limit
+        limit = (res.case_limit or time_limit) if res.killed_for == "case" else total_limit
         what = {"case": "case", "setup": "fixture setup"}.get(res.killed_for or "", "run")
         return _with(
             v,
             TLE,
             first.nodeid,
             problem,
-            f"{short_name(first.nodeid)} ran past the {what} limit of {limit:g} s (killed)",
+            f"{short_name(first.nodeid)} ran past the {what} limit of {limit:g} s (killed)"
+            + (
+                "\nwhere it was when stopped (innermost first):\n" + res.hang_stack
+                if res.hang_stack
+                else ""
+            ),
         )
     if first.outcome == "crashed":
         return _with(
@@ -186,16 +225,30 @@ def judge(
             "this is still the starter's placeholder: "
             + message.split("Exercise", 1)[1].split(":", 1)[-1].strip()
         )
+    elif name == RUNTIME:
+        # a hint is about a wrong value; an exception in the code is its own message
+        v.hint = None
     return v
 
 
+GENERAL = "general advice from the statement, not about this failure: "
+
+
 def _with(v: Verdict, name: str, case: Optional[str], problem: Problem, detail: str) -> Verdict:
+    """Set the verdict; the hint only where it matches: the one keyed by the failing test
+    for a wrong answer, else (an exercise test's wrong answer) the statement's general
+    advice, marked as such; none for anything else."""
     v.name, v.case, v.detail = name, case, detail
-    # a general hint fits a failure of the exercise's own tests, not of a chapter test
-    own = bool(case) and case.startswith(f"tests/test_ex{problem.id}_")
-    v.hint = problem.hint_for(
-        case.split("::")[-1] if case else "", general=own and name in (WRONG, RUNTIME)
-    )
+    v.hint = None
+    if name != WRONG or not case:
+        return v
+    test = case.split("::")[-1]
+    keyed = problem.hint_for(test, general=False)
+    if keyed:
+        v.hint = keyed
+    elif case.startswith(f"tests/test_ex{problem.id}_"):
+        general = problem.hint_for("\0", general=True)
+        v.hint = GENERAL + general if general else None
     return v
 
 

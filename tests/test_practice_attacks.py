@@ -1,0 +1,345 @@
+"""Submissions that attack the judge instead of solving the exercise, and their verdicts.
+
+Each attack is a wrong answer to exercise 111 (``Req.remain_len`` returns 0) plus code that
+tries to turn that into Accepted: patching pytest, the tests' helpers, another engine module
+or the judge's plugin, exiting early, rewriting the tests or the engine (in the sandbox and
+in the repository), patching ``time``, forging the event stream, skipping its own failures,
+leaving a process behind (that one on the right answer). Every one must get a verdict other than Accepted, the repository's engine and tests
+must be byte-identical afterwards, and no process it started may be left alive.
+
+The judge runs on a copy of the repository (``--root``) with ``--quick`` (the exercise's own
+tests), three attacks at a time: about a minute on two CPU cores.
+``python tests/test_practice_attacks.py [JUDGE]`` prints the table (attack, verdict) for
+that judge (default: this checkout's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Tuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JUDGE = REPO / "practice" / "judge.py"
+EXERCISE = "111"
+WRONG = ("return self.max_device_len - self.device_len", "return 0")
+ORPHAN_PID = "orphan.pid"  # where the forking attack leaves its child's pid
+
+ATTACKS: Dict[str, tuple] = {
+    # name: (code appended to the wrong module, verdict it must get[, wrong=False: to the
+    # right module])
+    "patch pytest's Function.runtest (issue 24's three lines)": (
+        """
+        import _pytest.python as p
+        p.Function.runtest = lambda self: None
+        """,
+        "Rejected",
+    ),
+    "patch runtest's __code__ (same function object)": (
+        """
+        import _pytest.python as p
+        p.Function.runtest.__code__ = (lambda self: None).__code__
+        """,
+        "Rejected",
+    ),
+    "patch pytest's report to say passed": (
+        """
+        import _pytest.reports as r
+        _orig = r.TestReport.from_item_and_call.__func__
+        def _fake(cls, item, call):
+            rep = _orig(cls, item, call)
+            rep.outcome = "passed"
+            rep.longrepr = None
+            return rep
+        r.TestReport.from_item_and_call = classmethod(_fake)
+        """,
+        "Rejected",
+    ),
+    "patch a test helper (tests.helpers) and torch.equal": (
+        """
+        import torch
+        import tests.helpers as h
+        h.hf_greedy = lambda *a, **k: None
+        torch.equal = lambda *a, **k: True
+        """,
+        "Rejected",
+    ),
+    "patch another engine module the tests use": (
+        """
+        import minisgl.kvcache as kv
+        _real = kv.create_prefix_cache
+        kv.create_prefix_cache = lambda *a, **k: _real(*a, **k)
+        """,
+        "Rejected",
+    ),
+    "patch the judge's plugin, then pytest": (
+        """
+        import sys
+        plugin = sys.modules["_judge_plugin"]
+        plugin._check = lambda *a, **k: None
+        plugin._WATCH.clear()
+        import _pytest.python as p
+        p.Function.runtest = lambda self: None
+        """,
+        "Rejected",
+    ),
+    "os._exit(0) at import": ("import os\nos._exit(0)", "Runtime error"),
+    "os._exit(0) inside a case": (
+        """
+        import os
+        Req.remain_len = property(lambda self: os._exit(0))
+        """,
+        "Runtime error",
+    ),
+    "pytest.exit() inside a case": (
+        """
+        import pytest
+        Req.remain_len = property(lambda self: pytest.exit("done", returncode=0))
+        """,
+        "Runtime error",
+    ),
+    "skip its own failing cases": (
+        """
+        import pytest
+        Req.remain_len = property(lambda self: pytest.skip("not today"))
+        """,
+        "Runtime error",
+    ),
+    "rewrite the sandbox's tests at import": (
+        """
+        import glob, os
+        for f in glob.glob("tests/test_*.py"):
+            os.chmod(f, 0o644)
+            open(f, "w").write("def test_ok():\\n    pass\\n")
+        """,
+        "Rejected",
+    ),
+    "rewrite the repository's minisgl/ and the exercise's tests": (
+        """
+        import glob, os
+        root = os.path.dirname(os.environ["MINISGL_MODELS_DIR"])
+        for f in [os.path.join(root, "minisgl", "core.py")] + glob.glob(
+            os.path.join(root, "practice", "exercises", "111_*", "test_*.py")
+        ):
+            open(f, "a").write("\\n# changed by the submission\\n")
+        open(os.path.join(root, "minisgl", "planted.py"), "w").write("x = 1\\n")
+        """,
+        "Rejected",
+    ),
+    "patch time to dodge the limit": (
+        """
+        import time
+        _sleep = time.sleep
+        time.perf_counter = time.monotonic = lambda: 0.0
+        def _slow(self):
+            _sleep(30)
+            return 0
+        Req.remain_len = property(_slow)
+        """,
+        "not Accepted",
+    ),
+    "print a fake verdict and forge the event stream": (
+        """
+        import json, os
+        print("Verdict: Accepted · 10 / 10 cases · device cpu")
+        with open(os.environ["JUDGE_EVENTS"], "a") as f:
+            f.write(json.dumps({"ev": "collected", "cases": ["x"]}) + "\\n")
+            f.write(json.dumps({"ev": "result", "case": "x", "outcome": "passed", "duration": 0.1}) + "\\n")
+            f.write(json.dumps({"ev": "done", "exitstatus": 0}) + "\\n")
+        os._exit(0)
+        """,
+        "Rejected",
+    ),
+    "fork a child that outlives the run": (
+        f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                root = os.path.dirname(os.environ["MINISGL_MODELS_DIR"])
+                open(os.path.join(root, "{ORPHAN_PID}"), "w").write(str(os.getpid()))
+                time.sleep(20)
+                open(os.path.join(root, "minisgl", "core.py"), "a").write("# late\\n")
+            os._exit(0)
+        """,
+        "Runtime error",
+        False,  # on the right answer: the left-behind process alone must cost the Accepted
+    ),
+}
+
+GUARDED = ("minisgl", "tests", "practice/exercises", "practice/judgelib")
+
+
+def _digest(root: Path) -> Dict[str, str]:
+    out = {}
+    for top in GUARDED:
+        for f in sorted((root / top).rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts:
+                out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def make_root(tmp: Path) -> Path:
+    """A copy of the repository that the judge may be attacked in."""
+    root = tmp / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "workspace")
+    for name in ("minisgl", "tests", "practice", "tools", "examples"):
+        shutil.copytree(REPO / name, root / name, ignore=ignore, symlinks=True)
+    for name in ("pyproject.toml", "conftest.py", "pytest.ini"):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, root / name)
+    (root / "models").mkdir()
+    return root
+
+
+def attack_source(code: str, wrong: bool = True) -> str:
+    src = (REPO / "minisgl" / "core.py").read_text(encoding="utf-8")
+    assert WRONG[0] in src, "exercise 111's wrong answer no longer applies to minisgl/core.py"
+    if wrong:
+        src = src.replace(WRONG[0], WRONG[1])
+    return src + "\n" + textwrap.dedent(code)
+
+
+def judge_attack(
+    judge: Path, root: Path, name: str, code: str, wrong: bool = True
+) -> Tuple[str, str]:
+    """(the verdict name, the judge's whole output) for one attack."""
+    sub = root / "attacks" / re.sub(r"\W+", "_", name)
+    sub.mkdir(parents=True, exist_ok=True)
+    learner = sub / "core.py"
+    learner.write_text(attack_source(code, wrong), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(judge),
+            "--root",
+            str(root),
+            EXERCISE,
+            "--quick",
+            "--device",
+            "cpu",
+            "--time-limit",
+            "10",
+            "--file",
+            str(learner),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+    ).stdout
+    verdicts = re.findall(r"^Verdict: ([A-Z][a-z]+(?: [a-z]+)*)", out, flags=re.M)
+    return (verdicts[-1] if verdicts else "no verdict"), out
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """Each attack in its own copy of the repository (a FileGuard snapshot is per run)."""
+    roots = {name: make_root(tmp_path_factory.mktemp("attack")) for name in ATTACKS}
+    before = _digest(next(iter(roots.values())))
+    with ThreadPoolExecutor(3) as pool:
+        futures = {
+            name: pool.submit(judge_attack, JUDGE, roots[name], name, *spec[:1], *spec[2:])
+            for name, spec in ATTACKS.items()
+        }
+        results = {name: f.result() for name, f in futures.items()}
+    return roots, before, results
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_attack_is_not_accepted(attacked, name):
+    _, _, results = attacked
+    verdict, out = results[name]
+    want = ATTACKS[name][1]
+    assert verdict != "Accepted", out
+    assert verdict != "no verdict", out
+    if want != "not Accepted":
+        assert verdict == want, out
+    assert "judge error" not in out, out
+    # the judge's own verdict line is the only one at the start of a line
+    assert len(re.findall(r"^Verdict:", out, flags=re.M)) == 1, out
+
+
+def test_rejections_name_what_changed(attacked):
+    _, _, results = attacked
+    assert (
+        "_pytest.python.Function.runtest was replaced"
+        in results["patch pytest's Function.runtest (issue 24's three lines)"][1]
+    )
+    assert (
+        "torch.equal was replaced"
+        in results["patch a test helper (tests.helpers) and torch.equal"][1]
+    )
+    out = results["rewrite the repository's minisgl/ and the exercise's tests"][1]
+    assert "changed minisgl/core.py (in the repository; restored)" in out, out
+    assert "added minisgl/planted.py (in the repository; restored)" in out, out
+    assert (
+        "the event stream has a line the judge did not write"
+        in results["print a fake verdict and forge the event stream"][1]
+    )
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_the_engine_and_the_tests_are_byte_identical_afterwards(attacked, name):
+    roots, before, _ = attacked
+    assert _digest(roots[name]) == before
+
+
+def test_no_process_outlives_the_run(attacked):
+    roots, _, results = attacked
+    name = "fork a child that outlives the run"
+    out = results[name][1]
+    assert "were still running after it (killed)" in out, out
+    pid_file = roots[name] / ORPHAN_PID
+    assert pid_file.is_file(), out
+    pid = int(pid_file.read_text())
+    assert (
+        not Path(f"/proc/{pid}").exists()
+        or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
+    )
+
+
+def test_the_engine_itself_is_still_accepted(tmp_path):
+    root = make_root(tmp_path)
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(JUDGE),
+            "--root",
+            str(root),
+            EXERCISE,
+            "--quick",
+            "--device",
+            "cpu",
+            "--file",
+            str(root / "minisgl" / "core.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
+    ).stdout
+    assert "Verdict: Accepted" in out, out
+
+
+if __name__ == "__main__":  # the table for a judge: python tests/test_practice_attacks.py [JUDGE]
+    judge = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else JUDGE
+    with tempfile.TemporaryDirectory() as tmp:
+        root = make_root(Path(tmp))
+        for name, spec in ATTACKS.items():
+            verdict, _out = judge_attack(judge, root, name, *spec[:1], *spec[2:])
+            print(f"| {name} | {verdict} |", flush=True)
