@@ -89,6 +89,13 @@ def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optiona
     return None
 
 
+def interpret_triton(problem: Problem, device: Optional[str], env: Dict[str, str]) -> None:
+    """A Triton exercise (``triton = true``) runs its kernels in Triton's interpreter where
+    no GPU judges it: ``TRITON_INTERPRET=1`` must be set before triton is imported."""
+    if problem.triton and (device == "cpu" or (device is None and not cuda_available())):
+        env["TRITON_INTERPRET"] = "1"
+
+
 def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     """How many cases the exercise has, collected with the engine's own module in place."""
     device = opts.device
@@ -99,6 +106,7 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
         env = runner.child_env(
             box, device or "cpu", problem.module_name, box / "events.jsonl", root / "models"
         )
+        interpret_triton(problem, device or "cpu", env)
         import subprocess
 
         subprocess.run(
@@ -208,6 +216,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         env = runner.child_env(
             box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
         )
+        interpret_triton(problem, opts.device, env)
         width = 60
         limits = case_limits(problem, time_limit, opts)
         ref_device = reference_device(problem)

@@ -37,6 +37,7 @@ class Problem:
     omit: List[str]  # statements of the module the starter leaves out (starter.py)
     tests: List[str]  # chapter tests (paths or node ids, relative to the repo root)
     gpu: bool
+    triton: bool  # its kernels run in Triton's interpreter where there is no GPU
     requires: List[str]  # repo paths that must exist (e.g. a model directory)
     time_limit: float
     total_time_limit: float
@@ -93,6 +94,7 @@ FIELDS = {  # the keys of the front matter, and what each holds
     "omit": "a list of strings",
     "tests": "a list of strings",
     "gpu": "true or false",
+    "triton": "true or false",
     "requires": "a list of strings",
     "time_limit": "a number",
     "total_time_limit": "a number",
@@ -173,6 +175,7 @@ def load_problem(directory: Path) -> Problem:
         omit=meta.get("omit", []),
         tests=meta.get("tests", []),
         gpu=meta.get("gpu", False),
+        triton=meta.get("triton", False),
         requires=meta.get("requires", []),
         time_limit=float(meta.get("time_limit", DEFAULT_TIME_LIMIT)),
         total_time_limit=float(meta.get("total_time_limit", DEFAULT_TOTAL_LIMIT)),
