@@ -156,9 +156,9 @@ def cmd_test(root: Path, args) -> int:
         root, problem, file, Options(device, args.time_limit, args.keep, quick=args.quick)
     )
     if preview:
-        print(
-            f"CPU preview only: {v.skipped} GPU cases were skipped. Exercise {args.id} is judged on a CUDA GPU."
-        )
+        # the GPU cases are skipped when collected, or deselected before (the repo's conftest)
+        ran = f"{v.skipped} GPU cases were skipped" if v.skipped else "no case that needs CUDA ran"
+        print(f"CPU preview only: {ran}. Exercise {args.id} is judged on a CUDA GPU.")
     if args.report:
         from . import record
 
