@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable, List
 
-import httpx
 import openai
 import pytest
 import torch
@@ -357,16 +356,12 @@ def test_a_tp2_server_answers_as_one_rank_and_a_dead_rank_takes_it_down(
         with pytest.raises(openai.APIError, match="minisgl-scheduler-1"):
             for _ in stream:
                 pass
-        with pytest.raises(
-            openai.InternalServerError, match=f"minisgl-scheduler-1 \\(pid {victim.pid}\\) died"
-        ):
-            client.completions.create(model="tiny-qwen3", prompt="Hello", max_tokens=2)
+        rc = server.proc.wait(30)  # the server stops by itself, rank 0 with it
         peer.wait(timeout=10)  # rank 0 does not linger, waiting for its peer in a collective
         assert time.monotonic() - t0 < 15
-        assert httpx.get(f"{server.url}/health").status_code == 503
-        log = server.log.read_text()
-        assert f"worker process minisgl-scheduler-1 (pid {victim.pid}) died" in log
-        assert "its tensor-parallel peer is gone" in log or "Connection closed by peer" in log
     finally:
-        rc = server.stop(signal.SIGINT, group=True)
-    assert rc == 0
+        server.stop(signal.SIGINT, group=True)
+    line = "error: worker minisgl-scheduler-1 died (exit code -9); the server stopped"
+    assert rc == 1 and line in server.output(), server.output()[-2000:]
+    log = server.log.read_text()
+    assert "its tensor-parallel peer is gone" in log or "Connection closed by peer" in log
