@@ -266,7 +266,14 @@ class FakeFrontend:
 
     def __init__(self, replies: List[UserReply]) -> None:
         self.args = types.SimpleNamespace(
-            model_name="m", model_path="/models/m", server_host="127.0.0.1", server_port=0
+            model_name="m",
+            model_path="/models/m",
+            server_host="127.0.0.1",
+            server_port=0,
+            api_key="",  # the Guard's settings (chapter 15): no key, no foreign origins
+            allowed_origins=(),
+            allowed_hosts=("test",),  # the test client's base_url
+            max_body_bytes=1 << 20,
         )
         self.max_seq_len, self.workers, self.queues = 256, [], {}
         self.replies_of: Dict[int, List[UserReply]] = {}
@@ -275,7 +282,7 @@ class FakeFrontend:
     def check_alive(self) -> None:
         pass
 
-    async def submit(self, text, params) -> int:
+    async def submit(self, text, params, **options) -> int:  # stop, stop_token_ids, ...
         self.submitted.append((text, params))
         return len(self.submitted)
 
