@@ -57,6 +57,14 @@ def become_subreaper() -> None:
         pass
 
 
+def _in_group(pid: int, group: int) -> bool:
+    """Whether ``pid`` is (or was, as it exits) in the process group ``group``."""
+    try:
+        return os.getpgid(pid) == group
+    except (ProcessLookupError, PermissionError):
+        return True  # gone already: it did not outlive the run
+
+
 def children() -> Set[int]:
     """The pids whose parent is this process (from /proc; empty where there is none)."""
     me = os.getpid()
@@ -115,7 +123,11 @@ def reap_descendants(group: int, before: Iterable[int]) -> List[str]:
         quiet = 0
         for pid in found:
             if not _is_zombie(pid):
-                alive.append(f"{pid} ({_cmdline(pid)})")
+                # a member of the run's own group is dying of the killpg above (reparented
+                # here mid-exit, its cmdline already empty): killed, not one that escaped
+                command = _cmdline(pid)
+                if command and not _in_group(pid, group):
+                    alive.append(f"{pid} ({command})")
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
