@@ -36,6 +36,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if not __package__:  # run as `python tools/steps.py` (DESIGN.md's form): the repo's root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
 from tools import captured
 from tools.jobs import in_order
 from tools.manifest import (
