@@ -180,6 +180,40 @@ def test_the_decode_step_script_runs(capsys):
     assert "floor ms" in out and "TB/s" in out
 
 
+def test_kernel_names_lose_their_template_arguments_and_parameters():
+    from minisgl.benchmark.step_profile import short_name
+
+    name = (
+        "void flashinfer::BatchDecodeWithPagedKVCacheKernel<(flashinfer::PosEncodingMode)0, 2u, "
+        "4u, 8u, 16u, 1u, 8u, flashinfer::DefaultAttention<false, false, false, false>, "
+        "flashinfer::BatchDecodeParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>>"
+        "(flashinfer::BatchDecodeParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int>)"
+    )
+    assert short_name(name) == "flashinfer::BatchDecodeWithPagedKVCacheKernel"
+    assert short_name("_store_kv_kernel") == "_store_kv_kernel"
+    assert len(short_name("k" * 100)) == 60
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (SHAPED / "config.json").is_file(), reason="python -m tools.models qwen3-0.6b-shaped"
+)
+def test_the_step_profile_accounts_for_the_step(capsys, tmp_path):
+    """The profiled kernels of a graph replay add up to about the step that CUDA events time."""
+    import json
+
+    from minisgl.benchmark import step_profile
+
+    out = tmp_path / "profile.json"
+    step_profile.main(
+        ["--model", str(SHAPED), "--batch-sizes", "8", "--context", "256", "--json", str(out)]
+    )
+    record = json.loads(out.read_text())["8"]
+    kernels_us = sum(us for _, us in record["kernels"].values())
+    assert 0.5 * record["step_us"] < kernels_us < 1.5 * record["step_us"], record["step_us"]
+    assert "µs each" in capsys.readouterr().out
+
+
 def test_the_online_trace_is_seeded_and_only_its_gaps_depend_on_the_rate(qwen3_path):
     from transformers import AutoTokenizer
 

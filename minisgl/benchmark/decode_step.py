@@ -108,21 +108,12 @@ def count_kernels(engine: Engine, batch: Batch) -> int:
     )
 
 
-def main(argv: List[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--page-size", type=int, default=256)
-    p.add_argument("--attention-backend", default="auto")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("decode_step measures GPU time: it needs CUDA")
-
+def build_engine(args: argparse.Namespace) -> Engine:
+    """A bf16 engine with just enough pages for the largest batch's contexts and a graph for
+    every batch size asked for."""
     max_bs = max(args.batch_sizes)
     pages = max_bs * div_ceil(args.context + 2, args.page_size)  # context, the new token, one spare
-    engine = Engine(
+    return Engine(
         EngineConfig(
             args.model,
             dtype=torch.bfloat16,
@@ -135,6 +126,21 @@ def main(argv: List[str] | None = None) -> None:
             cuda_graph_bs=tuple(args.batch_sizes),
         )
     )
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--page-size", type=int, default=256)
+    p.add_argument("--attention-backend", default="auto")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_step measures GPU time: it needs CUDA")
+
+    engine = build_engine(args)
     startup = engine.startup_seconds
     bandwidth = measure_copy_bandwidth(engine.device)
     w_bytes, kv_token = weight_bytes(engine), kv_bytes_per_token(engine)
