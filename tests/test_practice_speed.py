@@ -450,3 +450,17 @@ def test_check_wants_a_slow_answer_for_a_speed_exercise(toy):  # noqa: F811
     out = judge(toy, "check", "901", "--device", "cpu", timeout=120)
     assert "no slow/*.toml shows that a slow answer fails" in out.stdout
     assert out.returncode == 1
+
+
+def test_a_slow_answer_names_no_expected_failure(tmp_path):
+    from practice.judgelib import broken
+
+    path = tmp_path / "slow.toml"
+    path.write_text('about = "a loop"\nexpect = "test_x"\n[[replace]]\nold = "a"\nnew = "b"\n')
+    with pytest.raises(broken.WrongAnswerError, match="slow/slow.toml: unknown keys expect"):
+        broken.load_slow(path)
+    path.write_text('about = "a loop"\n[[replace]]\nold = "a"\nnew = "b"\n')
+    slow = broken.load_slow(path)
+    assert slow.verdict == TOO_SLOW and slow.apply("a", "m.py") == "b"
+    with pytest.raises(broken.WrongAnswerError, match="slow/slow.toml: replacement 1"):
+        slow.apply("c", "m.py")

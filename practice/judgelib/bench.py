@@ -269,6 +269,9 @@ def main(argv: list) -> int:
             first = bench.workloads()[0]
             bench.call(ref, bench.make(first, device))
             tools["sync"]()
+        parent = cfg["module"].rpartition(".")[0]
+        if parent:  # the engine's packages around the learner's module are not the learner's
+            importlib.import_module(parent)
         watch = watch_timing(
             torch,
             [

@@ -235,10 +235,12 @@ def run_bench(box: Path, root: Path, problem: Problem, env: Dict[str, str]) -> d
         reference.parent.mkdir()
         shutil.copyfile(root / problem.module, reference)
         shutil.copyfile(problem.dir / speed.bench, work / speed.bench)
+        # the sandbox, then what the tests had (PYTHONPATH) and what this judge has (a user
+        # site, say, which -I leaves out), without another folder holding a minisgl/
         path = [str(box)] + [
             p
-            for p in env.get("PYTHONPATH", "").split(os.pathsep)
-            if p and Path(p).resolve() != box.resolve()
+            for p in env.get("PYTHONPATH", "").split(os.pathsep) + sys.path
+            if p and not (Path(p) / "minisgl").is_dir()
         ]
         cfg = {
             "module": problem.module_name,
@@ -261,7 +263,7 @@ def run_bench(box: Path, root: Path, problem: Problem, env: Dict[str, str]) -> d
         try:
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", str(work / "_judge_bench.py"), json.dumps(cfg)],
+                    [sys.executable, "-I", "-B", str(work / "_judge_bench.py"), json.dumps(cfg)],
                     cwd=work,
                     env=child_env,
                     stdout=out,
