@@ -15,6 +15,10 @@ the engine as the engine changes::
 Multi-line snippets are TOML's ``'''`` strings (the newline right after the opening quotes
 is dropped). Each ``old`` must occur exactly once in the engine module: a replacement
 that no longer applies is a ``WrongAnswerError`` naming the file and the snippet.
+
+An exercise graded on speed keeps right but slow answers the same way, in ``slow/<name>.toml``
+(``about`` and ``[[replace]]`` only): `check` proves each passes every case and is judged Too
+slow on a CUDA GPU (``load_slow``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from .problems import tomllib
-from .verdict import ACCEPTED, COMPILE, RUNTIME, TLE, WRONG
+from .verdict import ACCEPTED, COMPILE, RUNTIME, TLE, TOO_SLOW, WRONG
 
 VERDICTS = (WRONG, RUNTIME, TLE, COMPILE)
 
@@ -40,6 +44,7 @@ class WrongAnswer:
     expect: str  # the test (or node id fragment) that must fail first
     verdict: str  # the verdict it must get
     replace: List[Tuple[str, str]]  # (old, new) snippets of the engine module
+    folder: str = "broken"  # or "slow": a right but slow answer
 
     def apply(self, engine_source: str, module: str) -> str:
         """``engine_source`` (the text of ``module``) with the replacements made."""
@@ -49,29 +54,40 @@ class WrongAnswer:
             if count != 1:
                 first = old.strip().splitlines()[0] if old.strip() else repr(old)
                 raise WrongAnswerError(
-                    f"broken/{self.name}: replacement {i} no longer applies: its old text "
+                    f"{self.folder}/{self.name}: replacement {i} no longer applies: its old text "
                     f"(starting {first!r}) occurs {count} times in {module}, not once"
                 )
             source = source.replace(old, new)
         return source
 
 
-def load(path: Path) -> WrongAnswer:
-    """Read ``broken/<name>.toml``; WrongAnswerError names the file when it is malformed."""
+def load_slow(path: Path) -> WrongAnswer:
+    """Read ``slow/<name>.toml``: a right answer the speed part must judge Too slow."""
+    return load(path, slow=True)
+
+
+def load(path: Path, slow: bool = False) -> WrongAnswer:
+    """Read ``broken/<name>.toml`` (``slow``: ``slow/<name>.toml``); WrongAnswerError names
+    the file when it is malformed."""
+    folder = "slow" if slow else "broken"
+    where = f"{folder}/{path.name}"
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise WrongAnswerError(f"broken/{path.name}: not TOML: {e}") from None
-    unknown = set(data) - {"about", "expect", "verdict", "replace"}
+        raise WrongAnswerError(f"{where}: not TOML: {e}") from None
+    unknown = set(data) - (
+        {"about", "replace"} if slow else {"about", "expect", "verdict", "replace"}
+    )
     if unknown:
-        raise WrongAnswerError(f"broken/{path.name}: unknown keys {', '.join(sorted(unknown))}")
-    about, expect = data.get("about"), data.get("expect")
-    verdict = data.get("verdict", WRONG)
+        raise WrongAnswerError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
+    about, expect = data.get("about"), data.get("expect", "" if slow else None)
+    verdict = TOO_SLOW if slow else data.get("verdict", WRONG)
     if not isinstance(about, str) or not isinstance(expect, str):
-        raise WrongAnswerError(f'broken/{path.name}: needs about = "..." and expect = "test"')
-    if verdict not in VERDICTS:
+        need = 'about = "..."' if slow else 'about = "..." and expect = "test"'
+        raise WrongAnswerError(f"{where}: needs {need}")
+    if verdict not in VERDICTS and not slow:
         raise WrongAnswerError(
-            f"broken/{path.name}: verdict {verdict!r} is none of {', '.join(VERDICTS)}"
+            f"{where}: verdict {verdict!r} is none of {', '.join(VERDICTS)}"
             + (" (a wrong answer must fail)" if verdict == ACCEPTED else "")
         )
     pairs = data.get("replace")
@@ -85,7 +101,6 @@ def load(path: Path) -> WrongAnswer:
             for p in pairs
         )
     ):
-        raise WrongAnswerError(
-            f"broken/{path.name}: needs one or more [[replace]] tables with old and new"
-        )
-    return WrongAnswer(path.name, about, expect, verdict, [(p["old"], p["new"]) for p in pairs])
+        raise WrongAnswerError(f"{where}: needs one or more [[replace]] tables with old and new")
+    pairs = [(p["old"], p["new"]) for p in pairs]
+    return WrongAnswer(path.name, about, expect, verdict, pairs, folder)

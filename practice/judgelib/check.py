@@ -6,7 +6,9 @@ and has the engine's public signatures and docstrings; the engine's own module i
 Accepted; the starter is not; and every known wrong answer (``broken/<name>.toml``,
 broken.py: replacements applied to the engine module, so a stale one is reported) is not
 Accepted, gets the verdict it names (Wrong answer by default) and fails first on the case
-it names.
+it names. An exercise graded on speed (``[speed]``, speed.py) needs right but slow answers,
+``slow/<name>.toml``: each must pass every case and, on a CUDA GPU, be judged Too slow
+while the engine's module is Accepted with its ratio; without a GPU their speed is a note.
 
 A ``gpu = true`` exercise on a machine without CUDA is only *partly* checked: the static
 checks, then its own tests on the CPU (the GPU cases skip), engine against starter; a wrong
@@ -39,7 +41,7 @@ from . import problems as P
 from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, record_reference_times
 from .signatures import drift
 from .starter import StarterError, starter_source
-from .verdict import compile_check
+from .verdict import ACCEPTED, TOO_SLOW, compile_check
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Run:
     must_pass: bool
     verdict: Optional[str] = None  # the verdict a failing run must get
     expect: Optional[str] = None  # the case it must fail first on
+    slow: bool = False  # right but slow: every case passes, then Too slow on a GPU
 
 
 def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
@@ -83,7 +86,32 @@ def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
             errors.append(str(e))
             continue
         runs.append(Run(f"broken/{path.name}", file, False, wrong.verdict, wrong.expect))
+    if p.speed is not None and not p.slow_answers:
+        errors.append("graded on speed, but no slow/*.toml shows that a slow answer fails")
+    for path in p.slow_answers:
+        if p.speed is None:
+            errors.append(f"slow/{path.name}: the exercise has no [speed] table")
+            continue
+        try:
+            slow = broken.load_slow(path)
+            file = tmp / f"slow_{path.stem}.py"
+            file.write_text(slow.apply(engine.read_text(encoding="utf-8"), p.module), "utf-8")
+        except broken.WrongAnswerError as e:
+            errors.append(str(e))
+            continue
+        runs.append(Run(f"slow/{path.name}", file, False, TOO_SLOW, slow=True))
     return runs
+
+
+def _check_slow(run: Run, v, errors: List[str]) -> None:
+    """A right but slow answer: every case passes; Too slow where the speed is graded."""
+    graded = bool(((v.record or {}).get("speed") or {}).get("graded"))
+    if v.name not in (ACCEPTED, TOO_SLOW):
+        errors.append(f"{run.label} must pass every case, got {v.name}")
+    elif v.accepted and graded:
+        errors.append(f"{run.label} is accepted at {v.speed} but must be Too slow")
+    elif v.accepted:
+        print(f"    note: {run.label} passes every case; its speed is graded only on a CUDA GPU")
 
 
 def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) -> List[str]:
@@ -95,11 +123,12 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
         for run in _runs(root, p, tmp, errors):
             # a run that must fail is decided by its first failing case: stop there (saves
             # most of the chapter tests' time); the engine's own module runs every case
-            v = judge_file(
-                root, p, run.file, opts if run.must_pass else replace(opts, first_failure=True)
-            )
-            shown = f"{v.name} {v.passed}/{v.total}" + (
-                f" at {v.case.split('::')[-1]}" if v.case else ""
+            full = run.must_pass or run.slow
+            v = judge_file(root, p, run.file, opts if full else replace(opts, first_failure=True))
+            shown = (
+                f"{v.name} {v.passed}/{v.total}"
+                + (f" at {v.case.split('::')[-1]}" if v.case else "")
+                + (f" · {v.speed}" if v.speed else "")
             )
             print(
                 f"    {run.label:<36} {shown}"
@@ -114,6 +143,9 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
                 print("    note: no case runs on the CPU; only the static checks were done here")
                 break
             if run.must_pass:
+                continue
+            if run.slow:
+                _check_slow(run, v, errors)
                 continue
             if v.accepted:
                 if partial and run.label != "starter":  # the starter must fail the CPU cases too

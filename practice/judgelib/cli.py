@@ -89,7 +89,7 @@ def cmd_list(root: Path) -> int:
             p.title,
             f"ch{p.chapter:02d}",
             p.difficulty,
-            "GPU" if p.gpu else "CPU ok",
+            "GPU" if p.gpu else ("CPU ok, speed on GPU" if p.speed else "CPU ok"),
             status.get(str(p.id), {}).get("status", "not started").replace("_", " "),
         )
         for p in sorted(

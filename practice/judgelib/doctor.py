@@ -51,5 +51,12 @@ def doctor(root: Path) -> int:
     print(f"\nExercises this machine can judge (on {device}):")
     for p in P.load_all(root / "practice" / "exercises"):
         why = cannot_judge(root, p, device)
-        print(f"  {'✓' if why is None else '✗'} {p.id} {p.title}" + (f"  ({why})" if why else ""))
+        if why is None and p.speed is not None and not cuda:
+            why_speed = "  (its speed part is graded only on a CUDA GPU)"
+        else:
+            why_speed = ""
+        print(
+            f"  {'✓' if why is None else '✗'} {p.id} {p.title}"
+            + (f"  ({why})" if why else why_speed)
+        )
     return 0

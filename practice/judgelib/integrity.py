@@ -25,6 +25,11 @@ the learner's reach, or checked from outside it:
    learner's workspace) before the run; after it (and after every survivor is dead) a file
    that changed is restored and named.
 
+8. **The speed run** of an exercise graded on speed (speed.py, bench.py) is a second child,
+   ``python -I``, sealed the same way; it keeps its own references to the timing functions,
+   compares them and Triton's, ``time``'s and ``builtins``' with a snapshot taken before
+   the learner's import, and checks the CUDA events against its own wall clock.
+
 A tampering attempt gets the verdict ``Rejected``. What this does not stop: code that reads
 the plugin's own memory (``gc``, frames) to borrow its sealing function; it takes such
 reverse engineering of the judge, not a patch. Running the child in its own user and mount

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import integrity, runner, sandbox
+from . import integrity, runner, sandbox, speed
 from .problems import Problem
 from .verdict import (
     COMPILE,
@@ -184,6 +184,21 @@ def record_reference_times(problem: Problem, v: Verdict) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n", "utf-8")
 
 
+def speed_part(
+    root: Path, problem: Problem, box: Path, env: Dict[str, str], device: str, say
+) -> speed.SpeedResult:
+    """After every case passed: time the learner's module against the engine's on a CUDA
+    GPU (speed.py), printing the table; on a CPU, the note that the speed part needs one."""
+    assert problem.speed is not None
+    if not device.startswith("cuda"):
+        return speed.not_graded(problem.speed, "needs a CUDA GPU")
+    say(f"  timing your module against the reference ({problem.speed.bench}) ...")
+    sr = speed.grade(speed.run_bench(box, root, problem, env), problem.speed)
+    for line in sr.table():
+        say(line)
+    return sr
+
+
 def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
     t0 = time.perf_counter()
     say = (lambda *a: None) if opts.quiet else print  # noqa: E731
@@ -277,6 +292,17 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         v.detail = v.detail.replace(f"{problem.module}:", f"{shown}:").replace(
             f'"{problem.module}"', f'"{shown}"'
         )
+        if problem.speed is not None and v.accepted:
+            sr = speed_part(root, problem, box, env, res.device, say)
+            changed = [f"{what} (in the sandbox)" for what in box_guard.changes()] + [
+                f"{what} (in the repository; restored)"
+                for what in (repo_guard.changes(restore=True) if repo_guard else [])
+            ]
+            if changed:
+                sr = speed.grade(
+                    {"tamper": [f"{c}, by the speed run" for c in changed]}, problem.speed
+                )
+            speed.apply(v, sr)
         for line in first_failure_block(v):
             say(line)
         device = f"{res.device} ({res.device_name})" if res.device_name else res.device

@@ -4,7 +4,8 @@ problem.md starts with TOML front matter between two ``+++`` lines (the fields o
 ``Problem``; see practice/README.md), then markdown. A ``## Hints`` section holds bullets; a
 bullet that starts with a backticked test name (``- `test_name`: ...``) is shown when that
 test fails, the others are general hints. Beside it: the exercise's ``test_*.py`` and, in
-``broken/``, its known wrong answers (``broken.py``).
+``broken/``, its known wrong answers (``broken.py``), and in ``slow/``, answers that are right
+but too slow for an exercise graded on speed (a ``[speed]`` table, ``speed.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,50 @@ else:  # the same parser, from PyPI (a dependency on 3.10)
 
 DEFAULT_TIME_LIMIT = 20.0  # seconds per case
 DEFAULT_TOTAL_LIMIT = 300.0  # seconds for the whole run
+
+
+@dataclass
+class Speed:
+    """The speed part of an exercise (``[speed]`` in the front matter): after every case
+    passes, the learner's module and the engine's own are timed in one run on a CUDA GPU."""
+
+    bench: str  # the benchmark module beside problem.md (its workloads; speed.py)
+    threshold: float  # the reference's median time over the learner's must reach this
+    warmup: int = 10  # untimed calls of each side first (compilation, caches, clocks)
+    repeat: int = 50  # timed calls of each side, interleaved; the median counts
+    time_limit: float = 300.0  # seconds for the whole speed run
+
+
+SPEED_FIELDS = {
+    "bench": "a string",
+    "threshold": "a number",
+    "warmup": "an integer",
+    "repeat": "an integer",
+    "time_limit": "a number",
+}
+
+
+def _speed(value: Any, name: str) -> Optional[Speed]:
+    """The ``[speed]`` table as a Speed; ValueError naming ``name`` and the key when wrong."""
+    if value is None:
+        return None
+    for key, v in value.items():
+        if key not in SPEED_FIELDS:
+            raise ValueError(f"{name}: unknown key speed.{key} (known: {', '.join(SPEED_FIELDS)})")
+        if not _KINDS[SPEED_FIELDS[key]](v):
+            raise ValueError(f"{name}: speed.{key} = {v!r} is not {SPEED_FIELDS[key]}")
+    if "bench" not in value or "threshold" not in value:
+        raise ValueError(f"{name}: the [speed] table needs bench and threshold")
+    speed = Speed(
+        bench=value["bench"],
+        threshold=float(value["threshold"]),
+        warmup=value.get("warmup", 10),
+        repeat=value.get("repeat", 50),
+        time_limit=float(value.get("time_limit", 300.0)),
+    )
+    if not 0 < speed.threshold or speed.warmup < 0 or speed.repeat < 1:
+        raise ValueError(f"{name}: [speed] needs threshold > 0, warmup >= 0 and repeat >= 1")
+    return speed
 
 
 @dataclass
@@ -43,6 +88,7 @@ class Problem:
     total_time_limit: float
     body: str
     hints: List[Tuple[Optional[str], str]] = field(default_factory=list)
+    speed: Optional[Speed] = None  # graded on speed too (on a CUDA GPU)
 
     @property
     def own_tests(self) -> List[Path]:
@@ -52,6 +98,11 @@ class Problem:
     def wrong_answers(self) -> List[Path]:
         """``broken/*.toml``: the known wrong answers `check` proves the tests catch."""
         return sorted(self.dir.glob("broken/*.toml"))
+
+    @property
+    def slow_answers(self) -> List[Path]:
+        """``slow/*.toml``: right but slow answers `check` proves the speed part catches."""
+        return sorted(self.dir.glob("slow/*.toml"))
 
     @property
     def workspace_name(self) -> str:
@@ -83,6 +134,7 @@ _KINDS = {  # bool is an int in Python, and never a valid id, chapter or limit
     "a string": lambda v: isinstance(v, str),
     "true or false": lambda v: isinstance(v, bool),
     "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "a table": lambda v: isinstance(v, dict),
 }
 FIELDS = {  # the keys of the front matter, and what each holds
     "id": "an integer",
@@ -98,6 +150,7 @@ FIELDS = {  # the keys of the front matter, and what each holds
     "requires": "a list of strings",
     "time_limit": "a number",
     "total_time_limit": "a number",
+    "speed": "a table",
 }
 REQUIRED = ("id", "title", "chapter", "module", "symbols")
 
@@ -181,6 +234,7 @@ def load_problem(directory: Path) -> Problem:
         total_time_limit=float(meta.get("total_time_limit", DEFAULT_TOTAL_LIMIT)),
         body=body,
         hints=_parse_hints(_split_sections(body)[1]),
+        speed=_speed(meta.get("speed"), str(path)),
     )
 
 

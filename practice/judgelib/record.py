@@ -4,7 +4,9 @@ re-runs the judge on the same file and compares.
 A record is JSON: the exercise, the verdict, the SHA-256 of the submitted file, of the
 engine module it replaces, of every test file that judged it and of the judge's own code,
 each case's outcome and seconds (the judge's clock), the device and the versions of Python,
-pytest, torch and CUDA. A course collects records; ``verify`` proves one is what this
+pytest, torch and CUDA, and for an exercise graded on speed the speed part (speed.py): the
+method, every workload's medians and raw times in ms, yours and the reference's, by CUDA
+events and by the wall clock, and the ratio. A course collects records; ``verify`` proves one is what this
 checkout's judge says of that file (the case times are shown, never compared: they are the
 machine's, not the submission's).
 """
@@ -66,6 +68,7 @@ def make(root: Path, problem: Problem, file: Path, v: Verdict, quick: bool) -> d
         "tests": _test_files(root, problem, rec.get("targets", [])),
         "judge_sha256": _judge_code(root),
         "cases": rec.get("cases", []),
+        "speed": rec.get("speed"),
         "device": rec.get("device", "?"),
         "device_name": rec.get("device_name", ""),
         "versions": rec.get("versions", {}),
@@ -92,6 +95,12 @@ def compare(old: dict, new: dict) -> List[str]:
         now = new.get("tests", {}).get(path)
         if now != digest:
             out.append(f"test file {path}: {'absent now' if now is None else 'changed since'}")
+    was_speed, now_speed = old.get("speed") or {}, new.get("speed") or {}
+    if was_speed.get("ratio") is not None and now_speed.get("ratio") is not None:
+        out.append(  # the machine's figure, like the case times: shown, never compared
+            f"note: speed {was_speed['ratio']:.2f}x the reference recorded, "
+            f"{now_speed['ratio']:.2f}x now"
+        )
     if old.get("judge_sha256") != new.get("judge_sha256"):
         out.append("note: the judge's code differs from the recorded one")
     was = {c["case"]: c["outcome"] for c in old.get("cases", [])}

@@ -56,7 +56,8 @@ class RunResult:
     wall: Dict[str, float] = field(default_factory=dict)  # case -> seconds, the judge's clock
 
 
-def _limit_child() -> None:
+def limit_child() -> None:
+    """In a judged child before it runs: output files capped, no core dumps."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -204,7 +205,7 @@ def run(
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_limit_child,
+                preexec_fn=limit_child,
                 pass_fds=(key_r,),
             )
     finally:

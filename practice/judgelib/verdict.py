@@ -17,6 +17,7 @@ RUNTIME = "Runtime error"
 TLE = "Time limit exceeded"
 COMPILE = "Compile error"
 REJECTED = "Rejected"  # the submission changed the judge (integrity.py)
+TOO_SLOW = "Too slow"  # right, but under an exercise's speed threshold (speed.py)
 MAX_LINES = 30
 MAX_LINE = 200
 
@@ -31,6 +32,7 @@ class Verdict:
     case: Optional[str] = None  # the case the verdict is about
     hint: Optional[str] = None
     record: Optional[dict] = None  # per-case outcomes, device, versions (record.py)
+    speed: Optional[str] = None  # the speed part of the verdict line (speed.py)
 
     @property
     def accepted(self) -> bool:
@@ -255,7 +257,8 @@ def _with(v: Verdict, name: str, case: Optional[str], problem: Problem, detail: 
 def verdict_line(v: Verdict, device: str) -> str:
     total = "?" if v.total is None else str(v.total)
     skipped = f" ({v.skipped} skipped)" if v.skipped else ""
-    return f"Verdict: {v.name} · {v.passed} / {total} cases{skipped} · device {device}"
+    speed = f" · {v.speed}" if v.speed else ""
+    return f"Verdict: {v.name} · {v.passed} / {total} cases{skipped}{speed} · device {device}"
 
 
 def case_line(nodeid: str, outcome: str, duration: float, width: int = 64) -> str:
