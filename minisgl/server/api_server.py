@@ -36,6 +36,7 @@ from minisgl.utils import init_logger
 
 from .frontend import FrontendManager
 from .guard import Guard, is_loopback
+from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .protocol import (
     APIError,
@@ -123,25 +124,28 @@ def generate_chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
 
 
 def completion_chunks(
-    head: Dict[str, Any], reply: UserReply, is_first: bool
+    head: Dict[str, Any], reply: UserReply, is_first: bool, logprobs: bool = False
 ) -> List[Dict[str, Any]]:
     """``/v1/completions`` stream payloads: ``head`` (id, object, created, model) and one
-    choice with the new ``text``; ``finish_reason`` is None until the last one."""
-    if not (reply.incremental_output or reply.finished):
+    choice with the new ``text`` (and, with ``logprobs``, its tokens' entries);
+    ``finish_reason`` is None until the last one."""
+    if not (reply.incremental_output or reply.finished or reply.logprobs):
         return []
     choice = {
         "index": 0,
         "text": reply.incremental_output,
-        "logprobs": None,
+        "logprobs": completion_logprobs(reply.logprobs) if logprobs else None,
         "finish_reason": reply.finish_reason,
     }
     return [{**head, "choices": [choice]}]
 
 
-def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+def chat_chunks(
+    head: Dict[str, Any], reply: UserReply, is_first: bool, logprobs: bool = False
+) -> List[Dict[str, Any]]:
     """``/v1/chat/completions`` stream payloads, as OpenAI sends them: first a delta with
-    ``role`` (and empty content), then a delta per new text, then an empty delta with the
-    ``finish_reason``."""
+    ``role`` (and empty content), then a delta per new text (with ``logprobs``, carrying
+    its tokens' entries), then an empty delta with the ``finish_reason``."""
     out = []
     if is_first:
         out.append(
@@ -156,19 +160,15 @@ def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[
                 ],
             }
         )
-    if reply.incremental_output:
-        out.append(
-            {
-                **head,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": reply.incremental_output},
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        )
+    if reply.incremental_output or (logprobs and reply.logprobs):
+        choice: Dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": reply.incremental_output},
+            "finish_reason": None,
+        }
+        if logprobs:
+            choice["logprobs"] = chat_logprobs(reply.logprobs)
+        out.append({**head, "choices": [choice]})
     if reply.finished:
         out.append(
             {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]}
@@ -240,7 +240,7 @@ async def _answer(
     usage: Callable[[UserReply], Dict[str, Any]] | None,
 ) -> Response:
     """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
-    (``final(text, last_reply)``)."""
+    (``final(text, last_reply)``, whose ``logprobs`` then hold the whole answer's)."""
     params = req.sampling_params(default_max_tokens, fm.max_seq_len)
     uid = await fm.submit(
         text,
@@ -265,10 +265,13 @@ async def _answer(
 
         async def collect() -> tuple[str, UserReply]:
             parts, last = [first.incremental_output], first
+            entries = list(first.logprobs)
             async with aclosing(replies):
                 while not last.finished:
                     last = await anext(replies)
                     parts.append(last.incremental_output)
+                    entries.extend(last.logprobs)
+            last.logprobs = entries  # the whole answer's, for final()
             return "".join(parts), last
 
         try:
@@ -379,11 +382,13 @@ def create_app(fm: FrontendManager) -> Guard:
 
         echo = req.prompt if req.echo else ""
 
+        wants_logprobs = req.logprobs is not None
+
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             choice = {
                 "index": 0,
                 "text": echo + text,
-                "logprobs": None,
+                "logprobs": completion_logprobs(r.logprobs) if wants_logprobs else None,
                 "finish_reason": r.finish_reason,
             }
             return {**h, "choices": [choice], "usage": _usage(r)}
@@ -393,7 +398,7 @@ def create_app(fm: FrontendManager) -> Guard:
                 reply = UserReply(
                     **{**reply.__dict__, "incremental_output": echo + reply.incremental_output}
                 )
-            return completion_chunks(h, reply, is_first)
+            return completion_chunks(h, reply, is_first, wants_logprobs)
 
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(fm, metrics, request, req.prompt, req, 16, chunks, final, usage)
@@ -406,12 +411,14 @@ def create_app(fm: FrontendManager) -> Guard:
         if req.max_tokens is None and req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
 
+        wants_logprobs = bool(req.logprobs)
+
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             message = {"role": "assistant", "content": text}
             choice = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": chat_logprobs(r.logprobs) if wants_logprobs else None,
                 "finish_reason": r.finish_reason,
             }
             return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
@@ -424,7 +431,7 @@ def create_app(fm: FrontendManager) -> Guard:
             req.chat(),
             req,
             fm.max_seq_len - 1,
-            functools.partial(chat_chunks, h),
+            functools.partial(chat_chunks, h, logprobs=wants_logprobs),
             final,
             usage,
         )
