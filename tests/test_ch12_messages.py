@@ -20,6 +20,7 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     StatsQueryMsg,
     TokenizeMsg,
     UserMsg,
@@ -80,7 +81,8 @@ EXAMPLES = [
     StatsReply(uid=3, stats={"kv_pages_free": 10}),
     BatchFrontendMsg(data=[UserReply(1, "a", False), StatsReply(2, {})]),
     # logprobs (chapter 15's appendix): a token's, its alternatives', and a reply carrying them
-    DetokenizeMsg(3, 42, False, logprob=-0.25, top_ids=[42, 7], top_logprobs=[-0.25, -2.5]),
+    DetokenizeMsg(3, 42, False, logprobs=SampledLogprobs(-0.25, [42, 7], [-0.25, -2.5])),
+    SampledLogprobs(logprob=-1.0),
     TopLogprob(token="é", bytes=[0xC3, 0xA9], logprob=-1.5),
     TokenLogprob(token="\ufffd", bytes=[0xF0, 0x9F], logprob=-0.5, text_offset=3),
     UserReply(

@@ -15,6 +15,7 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     StatsQueryMsg,
     TokenizeMsg,
     UserMsg,
@@ -305,14 +306,8 @@ def stream_logprobs(tokenizer, ids, stop=(), eos=frozenset()):
     dm.add(0, 4, ignore_eos=not eos, stop=list(stop), logprobs=True)
     out, last = [], None
     for k, t in enumerate(ids):
-        msg = DetokenizeMsg(
-            0,
-            t,
-            k == len(ids) - 1,
-            logprob=-float(k),
-            top_ids=[t, t + 1],
-            top_logprobs=[-0.5, -1.5],
-        )
+        lp = SampledLogprobs(-float(k), top_ids=[t, t + 1], top_logprobs=[-0.5, -1.5])
+        msg = DetokenizeMsg(0, t, k == len(ids) - 1, logprobs=lp)
         for d in dm.detokenize([msg]):
             out.append((d.text, d.logprobs))
             last = d

@@ -109,8 +109,9 @@ class LLM(Scheduler):
                 status.error = msg.error
             elif status.ignore_eos or not (msg.finished and msg.next_token in self.eos_token_ids):
                 status.output_ids.append(msg.next_token)
-                if msg.logprob is not None:
-                    status.logprobs.append((msg.logprob, list(zip(msg.top_ids, msg.top_logprobs))))
+                lp = msg.logprobs
+                if lp is not None:
+                    status.logprobs.append((lp.logprob, list(zip(lp.top_ids, lp.top_logprobs))))
 
     def generate(
         self, prompts: Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams]

@@ -21,6 +21,7 @@ from minisgl.message import (
     BatchBackendMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     UserMsg,
 )
 from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
@@ -213,7 +214,7 @@ class Scheduler(SchedulerIOMixin):
                     k = req.sampling_params.logprobs or 0
                     lp = logprobs.of_row(i, k)
                     if lp is not None:
-                        msg.logprob, msg.top_ids, msg.top_logprobs = lp
+                        msg.logprobs = SampledLogprobs(*lp)
                 reply.append(msg)
                 if finished:
                     self.decode_manager.remove_req(req)

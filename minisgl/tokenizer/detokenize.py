@@ -143,7 +143,7 @@ class DetokenizeManager:
                 eos = msg.finished and msg.next_token in self.eos_token_ids and not s.ignore_eos
                 if not (eos or stop_id):
                     s.ids.append(msg.next_token)
-                    if s.logprobs is not None and msg.logprob is not None:
+                    if s.logprobs is not None and msg.logprobs is not None:
                         s.logprobs.add(self.token_texts.entry(msg))
             known.append((msg, s, stop_id))
         context = self.tokenizer.batch_decode(

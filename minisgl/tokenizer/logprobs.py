@@ -1,6 +1,7 @@
 """Logprobs on the way out: each token's text and bytes, released in step with the text.
 
-The scheduler sends a number per token (``DetokenizeMsg.logprob``, ids of the alternatives);
+The scheduler sends numbers per token (``DetokenizeMsg.logprobs``: the token's, and ids and
+logprobs of its alternatives);
 a client wants each token's text and UTF-8 bytes, and wants the entries of the tokens whose
 text a reply carries, no more and no fewer. Text and tokens do not line up one to one: a
 character split over two tokens is sent when its second token arrives, and the stop checker
@@ -64,10 +65,11 @@ class TokenTexts:
 
     def entry(self, msg: DetokenizeMsg) -> TokenLogprob:
         """The entry of ``msg``'s token (``text_offset`` is set when it is placed)."""
-        assert msg.logprob is not None
+        lp = msg.logprobs
+        assert lp is not None
         token, raw = self(msg.next_token)
-        tops = [TopLogprob(*self(i), logprob=lp) for i, lp in zip(msg.top_ids, msg.top_logprobs)]
-        return TokenLogprob(token, raw, msg.logprob, -1, tops)
+        tops = [TopLogprob(*self(i), logprob=v) for i, v in zip(lp.top_ids, lp.top_logprobs)]
+        return TokenLogprob(token, raw, lp.logprob, -1, tops)
 
 
 @dataclass
