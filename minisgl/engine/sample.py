@@ -11,7 +11,7 @@ A request with its own ``seed`` does not draw from the sampler's shared generato
 stream every row of every batch consumes (so a row's draw would depend on its neighbours):
 its token comes from ``sample_seeded``, whose noise is keyed by the seed and the position
 being sampled alone. Rows that asked for ``logprobs`` also get the log-softmax of the raw
-logits (before temperature and filters, as vLLM and SGLang report by default): the sampled
+logits (before temperature and filters, vLLM's default ``raw_logprobs``): the sampled
 token's and the top ``k``; other rows cost nothing. Mirrors upstream
 ``minisgl.engine.sample`` (which has neither seeds per request nor logprobs).
 """
