@@ -38,8 +38,8 @@ class BatchSamplingArgs:
     ``greedy`` marks the rows that take the argmax in a mixed batch. ``seeded_rows`` ``[R]``
     are the random rows with their own seed, ``seed_keys`` their R generator seeds, and
     ``shared_draw`` whether any random row is left for the shared generator.
-    ``logprob_rows`` (a list of row indices) asked for logprobs, with at most
-    ``top_logprobs`` alternatives."""
+    ``logprob_rows`` (a list of row indices, and ``logprob_index`` the same ``[R]`` on the
+    device) asked for logprobs, with at most ``top_logprobs`` alternatives."""
 
     temperatures: torch.Tensor | None
     top_k: torch.Tensor | None = None
@@ -49,6 +49,7 @@ class BatchSamplingArgs:
     seed_keys: List[int] = field(default_factory=list)
     shared_draw: bool = True
     logprob_rows: List[int] = field(default_factory=list)
+    logprob_index: torch.Tensor | None = None
     top_logprobs: int = 0
 
 
@@ -64,6 +65,9 @@ class LogprobOutput:
     top_ids: torch.Tensor
     top_logprobs: torch.Tensor
 
+    def __post_init__(self) -> None:
+        self._position = {row: j for j, row in enumerate(self.rows)}
+
     def to_cpu(self) -> LogprobOutput:
         """A copy on the CPU, started without waiting (valid once the batch's copy event is)."""
         return LogprobOutput(
@@ -77,9 +81,9 @@ class LogprobOutput:
     def of_row(self, row: int, k: int) -> Tuple[float, List[int], List[float]] | None:
         """Row ``row``'s sampled-token logprob and its ``k`` best alternatives, or None when the
         row did not ask."""
-        if row not in self.rows:
+        j = self._position.get(row)
+        if j is None:
             return None
-        j = self.rows.index(row)
         return (
             float(self.token_logprobs[j]),
             self.top_ids[j, :k].tolist(),
@@ -101,9 +105,13 @@ class Sampler:
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         params = [r.sampling_params for r in batch.reqs]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        # copied ahead, like the other tensors: no blocking copy after the forward pass
+        index = _to_device(logprob_rows, torch.int64, self.device) if logprob_rows else None
         top = max((params[i].logprobs or 0 for i in logprob_rows), default=0)
         if all(p.is_greedy for p in params):
-            return BatchSamplingArgs(None, logprob_rows=logprob_rows, top_logprobs=top)
+            return BatchSamplingArgs(
+                None, logprob_rows=logprob_rows, logprob_index=index, top_logprobs=top
+            )
         temps = [1.0 if p.is_greedy else p.temperature for p in params]
         top_ks = [p.top_k if p.top_k >= 1 else self.vocab_size for p in params]
         top_ps = [p.top_p for p in params]
@@ -118,9 +126,14 @@ class Sampler:
             greedy=_to_device([p.is_greedy for p in params], torch.bool, self.device),
             seeded_rows=_to_device(seeded, torch.int64, self.device) if seeded else None,
             # keyed by the position of the token being drawn: device_len before the forward
-            seed_keys=[seed_key(params[i].seed, batch.reqs[i].device_len) for i in seeded],  # type: ignore[arg-type]
+            seed_keys=[
+                seed_key(seed, batch.reqs[i].device_len)
+                for i in seeded
+                if (seed := params[i].seed) is not None
+            ],
             shared_draw=len(seeded) < len(random_rows),
             logprob_rows=logprob_rows,
+            logprob_index=index,
             top_logprobs=top,
         )
 
@@ -151,9 +164,9 @@ class Sampler:
     ) -> LogprobOutput | None:
         """``logits: [B, V]``, the sampled ``tokens: [B]`` -> the log-softmax of the raw
         logits for the rows that asked (None when none did), on the device."""
-        if not args.logprob_rows:
+        rows = args.logprob_index
+        if rows is None:
             return None
-        rows = torch.tensor(args.logprob_rows, device=logits.device)
         logprobs = logits[rows].float().log_softmax(dim=-1)
         token_logprobs = logprobs.gather(1, tokens[rows].unsqueeze(1)).squeeze(1)
         top_logprobs, top_ids = logprobs.topk(args.top_logprobs, dim=-1)
