@@ -145,9 +145,8 @@ def test_chat_logprobs_equal_the_offline_engines_streamed_or_not(server, offline
     for c in chunks:  # each chunk's entries spell that chunk's text
         delta = c["choices"][0]["delta"] if c["choices"] else {}
         if c["choices"] and c["choices"][0].get("logprobs"):
-            assert (
-                "".join(e["token"] for e in c["choices"][0]["logprobs"]["content"])
-                == delta["content"]
+            assert "".join(e["token"] for e in c["choices"][0]["logprobs"]["content"]) == delta.get(
+                "content", ""
             )
 
 
@@ -189,3 +188,26 @@ def test_the_openai_client_reads_the_logprobs(server):
     )
     entry = out.choices[0].logprobs.content[0]
     assert len(entry.top_logprobs) == 2 and entry.logprob <= 0 and entry.bytes
+
+
+def test_entries_go_on_the_chunk_with_their_text_or_on_the_closing_one():
+    from minisgl.message.frontend import TokenLogprob, UserReply
+    from minisgl.server.api_server import chat_chunks, completion_chunks
+    from minisgl.server.logprobs import with_chat_logprobs, with_completion_logprobs
+
+    head = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+    entry = TokenLogprob("Hi", [72, 105], -0.5, 0)
+    mid = UserReply(1, "Hi", False, logprobs=[entry])
+    role, text = with_chat_logprobs(chat_chunks(head, mid, True), mid)
+    assert "logprobs" not in role["choices"][0]
+    assert text["choices"][0]["logprobs"]["content"][0]["bytes"] == [72, 105]
+    last = UserReply(1, "", True, "stop", logprobs=[entry])  # entries released at the end only
+    [closing] = with_chat_logprobs(chat_chunks(head, last, False), last)
+    assert closing["choices"][0]["finish_reason"] == "stop"
+    assert closing["choices"][0]["logprobs"]["content"][0]["token"] == "Hi"
+    [chunk] = with_completion_logprobs(completion_chunks(head, last, False), last)
+    assert chunk["choices"][0]["logprobs"]["tokens"] == ["Hi"]
+    floor = TokenLogprob("x", [120], float("-inf"), 0)
+    done = UserReply(1, "x", True, logprobs=[floor])
+    [chunk] = with_completion_logprobs(completion_chunks(head, done, False), done)
+    assert chunk["choices"][0]["logprobs"]["token_logprobs"] == [-9999.0]  # JSON has no -inf

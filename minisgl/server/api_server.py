@@ -36,7 +36,12 @@ from minisgl.utils import init_logger
 
 from .frontend import FrontendManager
 from .guard import Guard, is_loopback
-from .logprobs import chat_logprobs, completion_logprobs
+from .logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    with_chat_logprobs,
+    with_completion_logprobs,
+)
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .protocol import (
     APIError,
@@ -124,28 +129,25 @@ def generate_chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
 
 
 def completion_chunks(
-    head: Dict[str, Any], reply: UserReply, is_first: bool, logprobs: bool = False
+    head: Dict[str, Any], reply: UserReply, is_first: bool
 ) -> List[Dict[str, Any]]:
     """``/v1/completions`` stream payloads: ``head`` (id, object, created, model) and one
-    choice with the new ``text`` (and, with ``logprobs``, its tokens' entries);
-    ``finish_reason`` is None until the last one."""
-    if not (reply.incremental_output or reply.finished or reply.logprobs):
+    choice with the new ``text``; ``finish_reason`` is None until the last one."""
+    if not (reply.incremental_output or reply.finished):
         return []
     choice = {
         "index": 0,
         "text": reply.incremental_output,
-        "logprobs": completion_logprobs(reply.logprobs) if logprobs else None,
+        "logprobs": None,
         "finish_reason": reply.finish_reason,
     }
     return [{**head, "choices": [choice]}]
 
 
-def chat_chunks(
-    head: Dict[str, Any], reply: UserReply, is_first: bool, logprobs: bool = False
-) -> List[Dict[str, Any]]:
+def chat_chunks(head: Dict[str, Any], reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
     """``/v1/chat/completions`` stream payloads, as OpenAI sends them: first a delta with
-    ``role`` (and empty content), then a delta per new text (with ``logprobs``, carrying
-    its tokens' entries), then an empty delta with the ``finish_reason``."""
+    ``role`` (and empty content), then a delta per new text, then an empty delta with the
+    ``finish_reason``."""
     out = []
     if is_first:
         out.append(
@@ -160,15 +162,19 @@ def chat_chunks(
                 ],
             }
         )
-    if reply.incremental_output or (logprobs and reply.logprobs):
-        choice: Dict[str, Any] = {
-            "index": 0,
-            "delta": {"content": reply.incremental_output},
-            "finish_reason": None,
-        }
-        if logprobs:
-            choice["logprobs"] = chat_logprobs(reply.logprobs)
-        out.append({**head, "choices": [choice]})
+    if reply.incremental_output:
+        out.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": reply.incremental_output},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     if reply.finished:
         out.append(
             {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]}
@@ -398,7 +404,8 @@ def create_app(fm: FrontendManager) -> Guard:
                 reply = UserReply(
                     **{**reply.__dict__, "incremental_output": echo + reply.incremental_output}
                 )
-            return completion_chunks(h, reply, is_first, wants_logprobs)
+            payloads = completion_chunks(h, reply, is_first)
+            return with_completion_logprobs(payloads, reply) if wants_logprobs else payloads
 
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(fm, metrics, request, req.prompt, req, 16, chunks, final, usage)
@@ -423,17 +430,13 @@ def create_app(fm: FrontendManager) -> Guard:
             }
             return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
 
+        def chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+            payloads = chat_chunks(h, reply, is_first)
+            return with_chat_logprobs(payloads, reply) if wants_logprobs else payloads
+
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(
-            fm,
-            metrics,
-            request,
-            req.chat(),
-            req,
-            fm.max_seq_len - 1,
-            functools.partial(chat_chunks, h, logprobs=wants_logprobs),
-            final,
-            usage,
+            fm, metrics, request, req.chat(), req, fm.max_seq_len - 1, chunks, final, usage
         )
 
     a = fm.args

@@ -1,7 +1,8 @@
 """Logprob entries in OpenAI's two shapes (the appendix on logprobs explains them).
 
 The tokenizer worker sends one ``TokenLogprob`` per output token, in step with the text
-(``minisgl.tokenizer.logprobs``); these functions only lay them out:
+(``minisgl.tokenizer.logprobs``); these functions only lay them out, for a whole answer or,
+through ``with_*_logprobs``, on the chunks the stream's chunkers already built:
 
 * chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
   "logprob", "bytes"}, ...]}, ...]}``;
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from minisgl.message.frontend import TokenLogprob
+from minisgl.message.frontend import TokenLogprob, UserReply
 
 FLOOR = -9999.0
 
@@ -60,3 +61,25 @@ def completion_logprobs(entries: List[TokenLogprob]) -> Dict[str, Any]:
         "top_logprobs": tops,
         "text_offset": [e.text_offset for e in entries],
     }
+
+
+def with_completion_logprobs(
+    payloads: List[Dict[str, Any]], reply: UserReply
+) -> List[Dict[str, Any]]:
+    """A completions stream's ``payloads`` for ``reply`` with its entries filled in (the
+    chunkers of ``api_server`` leave ``logprobs`` None). The tokenizer worker releases entries
+    only with text, or on the finished reply, so a reply with entries always has a payload."""
+    for payload in payloads:
+        payload["choices"][0]["logprobs"] = completion_logprobs(reply.logprobs)
+    return payloads
+
+
+def with_chat_logprobs(payloads: List[Dict[str, Any]], reply: UserReply) -> List[Dict[str, Any]]:
+    """A chat stream's ``payloads`` for ``reply`` with its entries on the chunk that carries
+    its text (on the closing chunk when the finished reply brings entries but no text)."""
+    if not reply.logprobs or not payloads:
+        return payloads
+    texts = [p for p in payloads if p["choices"][0]["delta"].get("content")]
+    target = texts[-1] if texts else payloads[-1]
+    target["choices"][0]["logprobs"] = chat_logprobs(reply.logprobs)
+    return payloads
