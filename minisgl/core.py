@@ -20,12 +20,19 @@ if TYPE_CHECKING:
     from minisgl.moe import BaseMoeBackend
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's limit for top_logprobs)
+
+
 @dataclass
 class SamplingParams:
     """How to pick the next token of one request.
 
     ``temperature`` 0 means greedy; ``top_k`` -1 means the whole vocabulary; ``top_p`` is
-    the nucleus mass in (0, 1]; ``max_tokens`` counts output tokens (>= 1).
+    the nucleus mass in (0, 1]; ``max_tokens`` counts output tokens (>= 1). ``seed`` (any
+    int64) makes this request's draws its own: the same seed, prompt and parameters give the
+    same tokens whatever else is batched with it (chapter 6). ``logprobs`` None computes no
+    log-probabilities; ``k`` >= 0 returns each output token's and the ``k`` most likely
+    alternatives' (at most ``MAX_TOP_LOGPROBS``).
 
     Raises:
         ValueError: naming the field, when a value is out of range.
@@ -36,6 +43,8 @@ class SamplingParams:
     top_p: float = 1.0
     ignore_eos: bool = False
     max_tokens: int = 1024
+    seed: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -46,6 +55,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed must fit in 64 bits (signed), got {self.seed}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:

@@ -5,7 +5,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import Engine, EngineConfig, Sampler
-from minisgl.kernel.torch_sampling import top_k_top_p_filter
+from minisgl.kernel.torch_sampling import seed_key, top_k_top_p_filter
 from minisgl.utils.device import NullEvent, NullStream, create_event, create_stream, pin, stream_ctx
 from tests.helpers import DEVICE, hf_encode, hf_greedy
 
@@ -169,6 +169,76 @@ def test_sampling_follows_the_distribution_and_is_seeded():
     assert torch.equal(tokens, b.sample(logits, b.prepare(params)))
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
+
+
+def _seeded_draw(sampler, logits, params, position=1):
+    """Tokens for a batch whose requests all stand at ``position`` (the position drawn)."""
+    batch = batch_of(params)
+    for r in batch.reqs:
+        r.device_len = position
+    return sampler.sample(logits, sampler.prepare(batch)).tolist()
+
+
+def test_a_seeded_request_draws_the_same_token_alone_or_in_any_row_of_a_batch():
+    V = 50
+    gen = torch.Generator().manual_seed(0)
+    mine = torch.randn(V, generator=gen)
+    others = torch.randn(7, V, generator=gen)
+    me = SamplingParams(temperature=1.0, top_p=0.9, seed=1234)
+    neighbours = [SamplingParams(temperature=1.0, seed=None if i % 2 else i) for i in range(7)]
+    for position in range(1, 30):
+        alone = _seeded_draw(Sampler(torch.device("cpu"), V, seed=1), mine[None], [me], position)
+        for row in (0, 3, 7):
+            logits = torch.cat([others[:row], mine[None], others[row:]])
+            params = neighbours[:row] + [me] + neighbours[row:]
+            # another engine seed too: the shared stream does not touch a seeded row
+            batched = _seeded_draw(
+                Sampler(torch.device("cpu"), V, seed=99), logits, params, position
+            )
+            assert batched[row] == alone[0], (position, row)
+
+
+def test_seeded_draws_follow_the_distribution_and_differ_by_seed_and_position():
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).expand(3000, -1)
+    sampler = Sampler(torch.device("cpu"), 3)
+    by_seed = _seeded_draw(
+        sampler, logits, [SamplingParams(temperature=1.0, seed=s) for s in range(3000)]
+    )
+    freq = torch.bincount(torch.tensor(by_seed), minlength=3).float() / 3000
+    torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.03, rtol=0)
+    one = [SamplingParams(temperature=1.0, seed=5)]
+    by_position = [_seeded_draw(sampler, logits[:1], one, pos)[0] for pos in range(3000)]
+    freq = torch.bincount(torch.tensor(by_position), minlength=3).float() / 3000
+    torch.testing.assert_close(freq, torch.tensor([0.6, 0.3, 0.1]), atol=0.03, rtol=0)
+    assert len({seed_key(s, p) for s in range(-50, 50) for p in range(50)}) == 100 * 50
+
+
+def test_seed_and_logprobs_out_of_range_raise_naming_the_field():
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**63)
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=21)
+
+
+def test_logprobs_are_the_raw_log_softmax_and_only_for_rows_that_asked():
+    sampler = Sampler(torch.device("cpu"), vocab_size=10)
+    logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(3))
+    plain = sampler.prepare(batch_of([SamplingParams(temperature=0.5)] * 3))
+    assert sampler.logprobs(logits, logits.argmax(-1), plain) is None
+    params = [
+        SamplingParams(logprobs=2),
+        SamplingParams(),
+        SamplingParams(temperature=0.5, logprobs=4),
+    ]
+    args = sampler.prepare(batch_of(params))
+    tokens = sampler.sample(logits, args)
+    out = sampler.logprobs(logits, tokens, args)
+    ref = logits.log_softmax(-1)  # before the temperature of row 2
+    assert out.rows == [0, 2] and out.top_ids.shape == (2, 4)
+    torch.testing.assert_close(out.token_logprobs, ref[[0, 2], tokens[[0, 2]]])
+    lp, ids, tops = out.of_row(2, 4)
+    assert ids == ref[2].topk(4).indices.tolist() and tops == sorted(tops, reverse=True)
+    assert out.of_row(1, 2) is None and len(out.of_row(0, 2)[1]) == 2
 
 
 def test_cpu_streams_and_events_are_no_ops():

@@ -12,7 +12,7 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
 from minisgl.scheduler.table import TableManager
-from tests.helpers import DEVICE, hf_greedy, hf_model
+from tests.helpers import DEVICE, hf_encode, hf_greedy, hf_model
 
 PROMPTS = [
     "The capital of France is",
@@ -181,6 +181,52 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(qwen3_path):
         PROMPTS[:2], SamplingParams(temperature=0.7, top_k=1, max_tokens=6, ignore_eos=True)
     )
     assert [o["token_ids"] for o in top1] == hf_greedy(qwen3_path, PROMPTS[:2], 6)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_any_row_of_a_batch(
+    qwen3_path, overlap
+):
+    llm = build_llm(qwen3_path, overlap=overlap)
+    mine = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=10, ignore_eos=True, seed=42)
+    alone = llm.generate([PROMPTS[0]], mine)[0]["token_ids"]
+    others = [
+        SamplingParams(
+            temperature=1.0, max_tokens=4 + i, ignore_eos=True, seed=i if i % 2 else None
+        )
+        for i in range(7)
+    ]
+    for row in (0, 4, 7):
+        params = others[:row] + [mine] + others[row:]
+        prompts = [PROMPTS[1 + i % 4] for i in range(7)]
+        out = llm.generate(prompts[:row] + [PROMPTS[0]] + prompts[row:], params)
+        assert out[row]["token_ids"] == alone, row
+    other_seed = llm.generate([PROMPTS[0]], SamplingParams(**{**mine.__dict__, "seed": 43}))
+    assert other_seed[0]["token_ids"] != alone  # the seed does choose the draws
+    llm.shutdown()
+
+
+def test_logprobs_of_greedy_tokens_equal_transformers_log_softmax(qwen3_path):
+    llm = build_llm(qwen3_path)
+    k = 3
+    outs = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=8, ignore_eos=True, logprobs=k))
+    model = hf_model(qwen3_path)
+    for prompt, out in zip(PROMPTS, outs):
+        ids = hf_encode(qwen3_path, prompt)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids + out["token_ids"]])).logits[0, len(ids) - 1 : -1]
+        ref = logits.float().log_softmax(-1)
+        assert len(out["logprobs"]) == len(out["token_ids"]) == 8
+        for pos, (token, (lp, top)) in enumerate(zip(out["token_ids"], out["logprobs"])):
+            assert abs(lp - ref[pos, token].item()) < 1e-4
+            best = ref[pos].topk(k)
+            assert [t for t, _ in top] == best.indices.tolist()
+            torch.testing.assert_close(
+                torch.tensor([v for _, v in top]), best.values, atol=1e-4, rtol=0
+            )
+    plain = llm.generate(PROMPTS[:1], greedy(4))[0]
+    assert "logprobs" not in plain  # only a request that asks pays for them
     llm.shutdown()
 
 

@@ -20,11 +20,19 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     StatsQueryMsg,
     TokenizeMsg,
     UserMsg,
 )
-from minisgl.message.frontend import BaseFrontendMsg, BatchFrontendMsg, StatsReply, UserReply
+from minisgl.message.frontend import (
+    BaseFrontendMsg,
+    BatchFrontendMsg,
+    StatsReply,
+    TokenLogprob,
+    TopLogprob,
+    UserReply,
+)
 from minisgl.message.utils import deserialize, dumps, loads, message_types, serialize
 from minisgl.utils.mp import (
     ZmqAsyncPullQueue,
@@ -72,6 +80,17 @@ EXAMPLES = [
     UserReply(uid=2, incremental_output="", finished=True, error="boom"),
     StatsReply(uid=3, stats={"kv_pages_free": 10}),
     BatchFrontendMsg(data=[UserReply(1, "a", False), StatsReply(2, {})]),
+    # logprobs (chapter 15's appendix): a token's, its alternatives', and a reply carrying them
+    DetokenizeMsg(3, 42, False, logprobs=SampledLogprobs(-0.25, [42, 7], [-0.25, -2.5])),
+    SampledLogprobs(logprob=-1.0),
+    TopLogprob(token="é", bytes=[0xC3, 0xA9], logprob=-1.5),
+    TokenLogprob(token="\ufffd", bytes=[0xF0, 0x9F], logprob=-0.5, text_offset=3),
+    UserReply(
+        uid=4,
+        incremental_output="é",
+        finished=False,
+        logprobs=[TokenLogprob("é", [0xC3, 0xA9], -0.1, 0, [TopLogprob("e", [0x65], -2.0)])],
+    ),
 ]
 
 

@@ -15,6 +15,7 @@ from minisgl.message import (
     BatchTokenizerMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     StatsQueryMsg,
     TokenizeMsg,
     UserMsg,
@@ -293,3 +294,69 @@ def test_the_detokenizer_stops_on_a_string_and_on_a_token_id(smollm2_path):
     d1, k1 = last[1]
     assert "".join(sent[1]) == tok.decode(ids[:4]) and k1 == 4  # the stop token is not text
     assert d1.finish_reason == "stop" and d1.abort and dm.status == {}
+
+
+# ---- logprobs: one entry per token, in step with the text ----------------------------------
+
+
+def stream_logprobs(tokenizer, ids, stop=(), eos=frozenset()):
+    """Feed ``ids`` with logprob ``-k`` for the k-th token (and alternatives ``ids[k]``,
+    ``ids[k] + 1``); returns (text, entries) per delta and the last Delta."""
+    dm = DetokenizeManager(tokenizer, eos)
+    dm.add(0, 4, ignore_eos=not eos, stop=list(stop), logprobs=True)
+    out, last = [], None
+    for k, t in enumerate(ids):
+        lp = SampledLogprobs(-float(k), top_ids=[t, t + 1], top_logprobs=[-0.5, -1.5])
+        msg = DetokenizeMsg(0, t, k == len(ids) - 1, logprobs=lp)
+        for d in dm.detokenize([msg]):
+            out.append((d.text, d.logprobs))
+            last = d
+        if last is not None and last.finished:
+            break
+    assert dm.status == {}
+    return out, last
+
+
+@pytest.mark.parametrize("text", TRICKY, ids=["emoji", "cjk", "symbols", "newlines"])
+def test_logprob_entries_follow_the_text_and_carry_the_tokens_bytes(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    out, _ = stream_logprobs(tokenizer, ids)
+    entries = [e for _, chunk in out for e in chunk]
+    assert [e.logprob for e in entries] == [
+        -float(k) for k in range(len(ids))
+    ]  # none lost or repeated
+    assert bytes(b for e in entries for b in e.bytes).decode("utf-8") == tokenizer.decode(ids)
+    sent = 0
+    for chunk_text, chunk in out:
+        sent += len(chunk_text)
+        assert all(e.text_offset <= sent for e in chunk)  # never ahead of the text
+    offsets = [e.text_offset for e in entries]
+    assert offsets == sorted(offsets)
+    top = entries[0].top_logprobs
+    assert [t.logprob for t in top] == [-0.5, -1.5] and top[0].token == tokenizer.decode(ids[:1])
+
+
+def test_logprob_entries_are_held_back_with_the_text_and_cut_at_a_stop(smollm2_path):
+    tok = load(smollm2_path)
+    ids = tok.encode("One, two, three, four, five, six.")
+    for stop in (", fo", ", f", "ee", "six", "seven"):
+        out, last = stream_logprobs(tok, ids, stop=[stop])
+        text = "".join(t for t, _ in out)
+        entries = [e for _, chunk in out for e in chunk]
+        # the entries are exactly the tokens that contributed text before the cut
+        kept = [k for k in range(len(ids)) if len(tok.decode(ids[:k])) < len(text)]
+        assert [e.logprob for e in entries] == [-float(k) for k in kept], stop
+        assert [e.text_offset for e in entries] == [len(tok.decode(ids[:k])) for k in kept]
+        sent = 0
+        for chunk_text, chunk in out[:-1]:  # until the end, only wholly sent tokens go out
+            sent += len(chunk_text)
+            assert all(e.text_offset + len(e.token) <= sent for e in chunk), stop
+        assert last.finish_reason == ("length" if stop == "seven" else "stop")
+
+
+def test_a_final_eos_gets_no_logprob_entry(qwen3_tokenizer_path):
+    tok = load(qwen3_tokenizer_path)
+    ids = tok.encode("Hello world") + [tok.convert_tokens_to_ids("<|im_end|>")]
+    out, last = stream_logprobs(tok, ids, eos=frozenset({ids[-1]}))
+    assert len([e for _, chunk in out for e in chunk]) == len(ids) - 1
+    assert last.finish_reason == "stop" and last.num_output_tokens == len(ids)

@@ -229,8 +229,21 @@ BAD = [
         "messages.0.role",
     ),
     ("completions", {"prompt": "hi", "n": 2}, 400, "only n=1"),
-    ("completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs are not supported"),
-    ("chat/completions", {"messages": CHAT, "logprobs": True}, 400, "logprobs are not supported"),
+    ("completions", {"prompt": "hi", "logprobs": 6}, 400, "'logprobs': must be between 0 and 5"),
+    ("completions", {"prompt": "hi", "logprobs": True}, 400, "'logprobs'"),
+    ("completions", {"prompt": "hi", "logprobs": 1, "echo": True}, 400, "'echo': echo with"),
+    ("chat/completions", {"messages": CHAT, "logprobs": 1}, 400, "'logprobs'"),
+    (
+        "chat/completions",
+        {"messages": CHAT, "logprobs": True, "top_logprobs": 21},
+        400,
+        "'top_logprobs': must be between 0 and 20",
+    ),
+    ("chat/completions", {"messages": CHAT, "top_logprobs": 2}, 400, "needs logprobs"),
+    ("completions", {"prompt": "hi", "seed": True}, 400, "'seed'"),
+    ("completions", {"prompt": "hi", "seed": "7"}, 400, "'seed'"),
+    ("chat/completions", {"messages": CHAT, "seed": 1.5}, 400, "'seed'"),
+    ("completions", {"prompt": "hi", "seed": 2**64}, 400, "'seed': must be an integer that fits"),
     ("completions", {"prompt": "hi", "stop": [""]}, 400, "each stop sequence must have"),
     ("completions", {"prompt": "hi", "frobnicate": 1}, 400, "unsupported field 'frobnicate'"),
     ("completions", {"prompt": LONG_PROMPT}, 400, f"the context limit is {MAX_SEQ_LEN} tokens"),
@@ -257,6 +270,9 @@ def test_bad_input_gets_a_4xx_json_error(server, endpoint, body, status, message
     )
     assert r.status_code == status, r.text
     assert message in r.json()["error"]["message"], r.json()
+    for field in ("seed", "logprobs", "top_logprobs"):  # the field is named in param too
+        if f"'{field}'" in message:
+            assert r.json()["error"]["param"] == field
 
 
 def test_the_openai_client_raises_the_message_and_the_server_keeps_serving(server):

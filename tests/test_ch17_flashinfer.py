@@ -4,7 +4,8 @@ On the CPU: the paged-KV index FlashInfer is planned with (a pure function of th
 table), the tensor-core rule, and the kernel dispatch. On a GPU (``@pytest.mark.gpu``):
 logits of the FlashInfer backend against the torch backend on the same bf16 batch, page
 sizes 1 and 16, a cached prefix, the hybrid backends, FlashInfer's norms/RoPE/activation
-and sampler against the torch references, and SmolLM2 against Hugging Face on the GPU.
+and sampler against the torch references, per-request seeds and logprobs on the GPU engine,
+and SmolLM2 against Hugging Face on the GPU.
 
 Why a tolerance and not equality: in bf16 two correct attention kernels that add in a
 different order differ by a few units in the last place of each activation, and 28
@@ -16,6 +17,7 @@ of which move logits by tens of percent.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -340,6 +342,65 @@ def test_flashinfer_sampling_follows_the_distribution():
     assert set(nucleus.unique().tolist()) <= {0, 1}
     cold = fi_ops.sample(logits, torch.full((8192,), 0.05, device="cuda"), None, None, gen)
     assert bool((cold == 0).all())
+
+
+def _shaped_llm(dtype):
+    from minisgl.llm import LLM
+
+    if not (SHAPED / "config.json").is_file():
+        pytest.skip("python -m tools.models qwen3-0.6b-shaped first")
+    return LLM(
+        str(SHAPED),
+        dtype=dtype,
+        device="cuda",
+        max_running_req=16,
+        max_seq_len_override=256,
+        kv_memory_cap=1 << 30,
+    )
+
+
+@pytest.mark.gpu
+def test_a_seeded_request_on_the_gpu_is_the_same_alone_and_batched():
+    """Chapter 6's per-request seed on CUDA: the torch draw with a CUDA generator per row,
+    beside unseeded rows (FlashInfer's sampler in bf16). float32 for the batching check, so
+    the logits themselves do not move with the batch; bf16 for plain reproducibility."""
+    mine = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=16, ignore_eos=True, seed=7)
+    others = [
+        SamplingParams(
+            temperature=0.8, max_tokens=8 + i, ignore_eos=True, seed=i if i % 2 else None
+        )
+        for i in range(7)
+    ]
+    for dtype in (torch.float32, torch.bfloat16):
+        llm = _shaped_llm(dtype)
+        alone = llm.generate([PROMPTS[0]], mine)[0]["token_ids"]
+        assert llm.generate([PROMPTS[0]], mine)[0]["token_ids"] == alone
+        for row in (0, 4, 7) if dtype == torch.float32 else (0,):
+            prompts = [PROMPTS[1 + i % 3] for i in range(7)]
+            out = llm.generate(
+                prompts[:row] + [PROMPTS[0]] + prompts[row:], others[:row] + [mine] + others[row:]
+            )
+            assert out[row]["token_ids"] == alone, (dtype, row)
+        llm.shutdown()
+
+
+@pytest.mark.gpu
+def test_logprobs_on_the_gpu_are_finite_ordered_and_match_the_greedy_token():
+    llm = _shaped_llm(torch.bfloat16)
+    params = [
+        SamplingParams(max_tokens=12, ignore_eos=True, logprobs=5),
+        SamplingParams(max_tokens=12),
+    ]
+    outs = llm.generate(PROMPTS[:2], params)
+    assert "logprobs" not in outs[1]
+    out = outs[0]
+    assert len(out["logprobs"]) == len(out["token_ids"]) == 12
+    for token, (lp, top) in zip(out["token_ids"], out["logprobs"]):
+        values = [v for _, v in top]
+        assert len(top) == 5 and all(math.isfinite(v) and v <= 0 for v in values)
+        assert values == sorted(values, reverse=True)
+        assert top[0][0] == token and abs(lp - values[0]) < 1e-6  # greedy: the most likely
+    llm.shutdown()
 
 
 @pytest.mark.gpu

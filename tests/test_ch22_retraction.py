@@ -327,6 +327,35 @@ def test_greedy_outputs_equal_an_unretracted_run_and_hf(qwen3_path, overlap):
     assert outputs[True] == outputs[False] == hf_greedy(qwen3_path, prompts, 12)
 
 
+def test_seeded_samples_equal_an_unretracted_run(qwen3_path):
+    """Chapter 6's per-request seeds key each draw by the position drawn, so a retracted
+    request, recomputed from its tokens, draws the same numbers again."""
+    prompts = [list(range(5 * u + 3, 5 * u + 9)) for u in range(4)]
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, ignore_eos=True, seed=100 + u)
+        for u in range(4)
+    ]
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    outputs = {}
+    for retract in (False, True):
+        llm = LLM(
+            str(qwen3_path),
+            enable_retraction=retract,
+            dtype=torch.float32,
+            device=DEVICE,
+            attention_backend="torch",
+            max_running_req=4,
+            num_page_override=9,
+            page_size=4,
+            max_seq_len_override=64,
+        )
+        with counting_retractions() as retracted:
+            outputs[retract] = [o["token_ids"] for o in llm.generate(prompts, params)]
+        assert (sum(retracted.values()) > 0) == retract
+        llm.shutdown()
+    assert outputs[True] == outputs[False]
+
+
 def test_the_scripted_model_checks_every_step_under_retraction(qwen3_path):
     """The real model in the scripted loop: pages and rows add up before every step while
     requests are retracted and re-admitted, under overlap."""

@@ -36,7 +36,7 @@ from minisgl.utils.device import (
 
 from .config import DEFAULT_CPU_KV_MEMORY, EngineConfig
 from .graph import GraphRunner, determine_graph_bs
-from .sample import BatchSamplingArgs, Sampler
+from .sample import BatchSamplingArgs, LogprobOutput, Sampler
 
 logger = init_logger(__name__)
 
@@ -45,6 +45,7 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # [B] int32 on the engine's device
     next_tokens_cpu: torch.Tensor  # [B] int32, valid once copy_done_event has completed
     copy_done_event: Event
+    logprobs: LogprobOutput | None = None  # on the CPU; only when a request asked
 
 
 class Engine:
@@ -241,7 +242,8 @@ class Engine:
 
         Every request's ``complete_one`` is called: its fed tokens are now cached and the
         sampled token will sit at the old ``device_len``. The CPU copy of the tokens is
-        started without waiting; wait on ``copy_done_event`` before reading it.
+        started without waiting; wait on ``copy_done_event`` before reading it (and the
+        ``logprobs`` of the rows that asked for them).
         """
         with self.ctx.forward_batch(batch):
             if self.graph_runner.can_use_cuda_graph(batch):
@@ -250,11 +252,14 @@ class Engine:
                 logits = self.model.forward()
         for req in batch.reqs:
             req.complete_one()
-        next_tokens_gpu = self.sampler.sample(logits[: batch.size], args).to(torch.int32)
+        tokens = self.sampler.sample(logits[: batch.size], args)
+        logprobs = self.sampler.logprobs(logits[: batch.size], tokens, args)
+        next_tokens_gpu = tokens.to(torch.int32)
         next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=True)
+        logprobs_cpu = None if logprobs is None else logprobs.to_cpu()
         copy_done = create_event(self.device)
         copy_done.record(self.stream)
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done)
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done, logprobs_cpu)
 
     def shutdown(self) -> None:
         synchronize(self.device)

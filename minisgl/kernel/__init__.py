@@ -134,6 +134,8 @@ OPS: Dict[str, Tuple[Impl, ...]] = {
         Impl("flashinfer", "fi_ops", "sample", _fi_sample),
         _torch("sample", "torch_sampling"),
     ),
+    # a request with its own seed (chapter 6): the torch path everywhere, row by row
+    "sample_seeded": (_torch("sample_seeded", "torch_sampling"),),
     # the fused decode path (chapter 19)
     "norm_linear": (
         Impl("triton", "triton.fused", "norm_gemv"),
@@ -321,6 +323,18 @@ def sample(
     return _run("sample", logits, temperatures, top_k, top_p, generator)
 
 
+def sample_seeded(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: Optional[torch.Tensor],
+    top_p: Optional[torch.Tensor],
+    keys: list,
+) -> torch.Tensor:
+    """The same draw for rows with their own seeds: row ``r``'s randomness comes from
+    ``keys[r]`` alone (``torch_sampling.sample_seeded``) -> ``[R]`` int64."""
+    return _run("sample_seeded", logits, temperatures, top_k, top_p, keys)
+
+
 def norm_linear(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
@@ -391,6 +405,7 @@ __all__ = [
     "norm_lm_head",
     "rms_norm",
     "sample",
+    "sample_seeded",
     "serves",
     "silu_and_mul",
     "store_cache",

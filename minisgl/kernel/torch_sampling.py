@@ -53,3 +53,41 @@ def sample(
     scaled = logits.float() / temperatures.unsqueeze(1)
     probs = top_k_top_p_filter(scaled, top_k, top_p).softmax(dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+MASK64 = (1 << 64) - 1
+
+
+def seed_key(seed: int, position: int) -> int:
+    """A 64-bit generator seed for the draw of request seed ``seed`` at sequence position
+    ``position``: splitmix64 of the pair, so nearby seeds and positions give unrelated streams."""
+    x = ((seed & MASK64) * 0x9E3779B97F4A7C15 + position + 1) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seeded(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    keys: list[int],
+) -> torch.Tensor:
+    """One token per row, each row's randomness its own: ``logits: [R, V]``, the filters as in
+    ``sample``, ``keys``: R generator seeds (``seed_key``) -> ``[R]`` int64.
+
+    The exponential race: with ``E_i ~ Exp(1)`` independent, ``argmax_i p_i / E_i`` is token
+    ``i`` with probability ``p_i`` (the Gumbel-max trick in another guise). Row ``r``'s noise
+    comes from a generator seeded with ``keys[r]`` alone, so its token depends on its own
+    probabilities and key, never on which rows share the batch or where it sits in it.
+    """
+    scaled = logits.float() / temperatures.unsqueeze(1)
+    probs = top_k_top_p_filter(scaled, top_k, top_p).softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    generator = torch.Generator(device=probs.device)
+    for row, key in enumerate(keys):
+        generator.manual_seed(key)
+        noise[row].exponential_(generator=generator)
+    # a draw of exactly 0 would make 0 / 0 = NaN, which argmax takes for the largest
+    return (probs / noise.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(dim=-1)

@@ -36,6 +36,8 @@ class RequestStatus:
     ignore_eos: bool
     output_ids: List[int] = field(default_factory=list)
     error: str | None = None
+    # per output token: (logprob, [(alternative id, its logprob), ...]), when asked for
+    logprobs: List[Tuple[float, List[Tuple[int, float]]]] = field(default_factory=list)
 
 
 class LLM(Scheduler):
@@ -107,12 +109,18 @@ class LLM(Scheduler):
                 status.error = msg.error
             elif status.ignore_eos or not (msg.finished and msg.next_token in self.eos_token_ids):
                 status.output_ids.append(msg.next_token)
+                lp = msg.logprobs
+                if lp is not None:
+                    status.logprobs.append((lp.logprob, list(zip(lp.top_ids, lp.top_logprobs))))
 
     def generate(
         self, prompts: Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams]
     ) -> List[Dict[str, Any]]:
         """Generate for every prompt (text or token ids); returns, in order,
-        ``{"text": str, "token_ids": List[int]}`` (a final EOS is not included).
+        ``{"text": str, "token_ids": List[int]}`` (a final EOS is not included). A request
+        whose params set ``logprobs`` also gets ``"logprobs"``: per token of ``token_ids``,
+        ``(logprob, [(id, logprob) of the top alternatives])``, natural logs of the model's
+        raw distribution (before temperature, top-k and top-p).
 
         Raises:
             ValueError: naming the request and the limit, when a prompt is empty or does not
@@ -152,9 +160,13 @@ class LLM(Scheduler):
             status = self.status_map.pop(start + i)
             if status.error is not None:
                 raise ValueError(status.error)
-            results.append(
-                {"text": self.tokenizer.decode(status.output_ids), "token_ids": status.output_ids}
-            )
+            result: Dict[str, Any] = {
+                "text": self.tokenizer.decode(status.output_ids),
+                "token_ids": status.output_ids,
+            }
+            if params[i].logprobs is not None:
+                result["logprobs"] = status.logprobs
+            results.append(result)
         return results
 
     def shutdown(self) -> None:

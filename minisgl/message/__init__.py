@@ -14,7 +14,14 @@ from .backend import (
     StatsQueryMsg,
     UserMsg,
 )
-from .tokenizer import AbortMsg, BaseTokenizerMsg, BatchTokenizerMsg, DetokenizeMsg, TokenizeMsg
+from .tokenizer import (
+    AbortMsg,
+    BaseTokenizerMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    SampledLogprobs,
+    TokenizeMsg,
+)
 
 __all__ = [
     "AbortBackendMsg",
@@ -25,6 +32,7 @@ __all__ = [
     "BatchTokenizerMsg",
     "DetokenizeMsg",
     "ExitMsg",
+    "SampledLogprobs",
     "StatsQueryMsg",
     "TokenizeMsg",
     "UserMsg",

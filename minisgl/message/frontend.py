@@ -24,6 +24,29 @@ class BatchFrontendMsg(BaseFrontendMsg):
 
 
 @dataclass
+class TopLogprob:
+    """One alternative for a position: its text, UTF-8 ``bytes`` and ``logprob`` (natural log)."""
+
+    token: str
+    bytes: List[int]
+    logprob: float
+
+
+@dataclass
+class TokenLogprob:
+    """One output token's log-probability, for a request that asked for ``logprobs``:
+    its text and UTF-8 ``bytes`` (a token may hold part of a character), ``logprob`` (natural
+    log of the model's raw distribution), ``text_offset`` (characters into the answer where
+    its text starts) and ``top_logprobs``, the most likely tokens at that position."""
+
+    token: str
+    bytes: List[int]
+    logprob: float
+    text_offset: int
+    top_logprobs: List[TopLogprob] = field(default_factory=list)
+
+
+@dataclass
 class UserReply(BaseFrontendMsg):
     """New text of request ``uid``.
 
@@ -32,6 +55,8 @@ class UserReply(BaseFrontendMsg):
     ``finish_reason`` is ``"stop"`` (an end-of-sequence token) or ``"length"``
     (``max_tokens`` or the context ran out). Token counts are in tokens; the output count
     includes a final end-of-sequence token. ``error`` is set when the request was refused.
+    ``logprobs`` holds one entry per token whose text this reply completes (chapter 15's
+    appendix on logprobs), for a request that asked.
     """
 
     uid: int
@@ -41,6 +66,7 @@ class UserReply(BaseFrontendMsg):
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass

@@ -26,17 +26,30 @@ class BatchTokenizerMsg(BaseTokenizerMsg):
 
 
 @dataclass
+class SampledLogprobs:
+    """One sampled token's ``logprob`` (natural log of the model's raw distribution) and its
+    most likely alternatives, most likely first: ``top_ids`` and their ``top_logprobs``."""
+
+    logprob: float
+    top_ids: List[int] = field(default_factory=list)
+    top_logprobs: List[float] = field(default_factory=list)
+
+
+@dataclass
 class DetokenizeMsg(BaseTokenizerMsg):
     """One new token of request ``uid``; ``finished`` marks its last message.
 
     ``error`` is set (and ``next_token`` is -1) when the request was refused, e.g. a
     prompt longer than the model's context: the client gets an answer, not silence.
+    ``logprobs`` is set only for a request that asked for them (one field, so the other
+    messages grow by a single ``None``).
     """
 
     uid: int
     next_token: int
     finished: bool
     error: str | None = None
+    logprobs: SampledLogprobs | None = None
 
 
 @dataclass

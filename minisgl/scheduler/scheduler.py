@@ -21,6 +21,7 @@ from minisgl.message import (
     BatchBackendMsg,
     DetokenizeMsg,
     ExitMsg,
+    SampledLogprobs,
     UserMsg,
 )
 from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
@@ -189,8 +190,9 @@ class Scheduler(SchedulerIOMixin):
     def _process_last_data(self, last_data: ForwardData | None) -> None:
         if last_data is None:
             return
-        batch, (_, next_tokens_cpu, copy_done) = last_data[0].batch, last_data[1]
-        copy_done.synchronize()  # this batch, and every one before it, is done
+        batch, output = last_data[0].batch, last_data[1]
+        next_tokens_cpu, logprobs = output.next_tokens_cpu, output.logprobs
+        output.copy_done_event.synchronize()  # this batch, and every one before it, is done
         self._release_deferred_slots()
         reply: List[DetokenizeMsg] = []
         new_finished: Set[Req] = set()
@@ -207,7 +209,13 @@ class Scheduler(SchedulerIOMixin):
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
                     finished |= token in self.eos_token_ids
-                reply.append(DetokenizeMsg(uid=req.uid, next_token=token, finished=finished))
+                msg = DetokenizeMsg(uid=req.uid, next_token=token, finished=finished)
+                if logprobs is not None:  # only rows that asked have them
+                    k = req.sampling_params.logprobs or 0
+                    lp = logprobs.of_row(i, k)
+                    if lp is not None:
+                        msg.logprobs = SampledLogprobs(*lp)
+                reply.append(msg)
                 if finished:
                     self.decode_manager.remove_req(req)
                     self._free_req_resources(req)

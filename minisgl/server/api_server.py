@@ -36,6 +36,12 @@ from minisgl.utils import init_logger
 
 from .frontend import FrontendManager
 from .guard import Guard, is_loopback
+from .logprobs import (
+    chat_logprobs,
+    completion_logprobs,
+    with_chat_logprobs,
+    with_completion_logprobs,
+)
 from .metrics import CONTENT_TYPE_LATEST, Metrics
 from .protocol import (
     APIError,
@@ -240,7 +246,7 @@ async def _answer(
     usage: Callable[[UserReply], Dict[str, Any]] | None,
 ) -> Response:
     """Submit, wait for the first reply, then stream (``chunker`` per reply) or collect
-    (``final(text, last_reply)``)."""
+    (``final(text, last_reply)``, whose ``logprobs`` then hold the whole answer's)."""
     params = req.sampling_params(default_max_tokens, fm.max_seq_len)
     uid = await fm.submit(
         text,
@@ -265,10 +271,13 @@ async def _answer(
 
         async def collect() -> tuple[str, UserReply]:
             parts, last = [first.incremental_output], first
+            entries = list(first.logprobs)
             async with aclosing(replies):
                 while not last.finished:
                     last = await anext(replies)
                     parts.append(last.incremental_output)
+                    entries.extend(last.logprobs)
+            last.logprobs = entries  # the whole answer's, for final()
             return "".join(parts), last
 
         try:
@@ -379,11 +388,13 @@ def create_app(fm: FrontendManager) -> Guard:
 
         echo = req.prompt if req.echo else ""
 
+        wants_logprobs = req.logprobs is not None
+
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             choice = {
                 "index": 0,
                 "text": echo + text,
-                "logprobs": None,
+                "logprobs": completion_logprobs(r.logprobs) if wants_logprobs else None,
                 "finish_reason": r.finish_reason,
             }
             return {**h, "choices": [choice], "usage": _usage(r)}
@@ -393,7 +404,8 @@ def create_app(fm: FrontendManager) -> Guard:
                 reply = UserReply(
                     **{**reply.__dict__, "incremental_output": echo + reply.incremental_output}
                 )
-            return completion_chunks(h, reply, is_first)
+            payloads = completion_chunks(h, reply, is_first)
+            return with_completion_logprobs(payloads, reply) if wants_logprobs else payloads
 
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(fm, metrics, request, req.prompt, req, 16, chunks, final, usage)
@@ -406,27 +418,25 @@ def create_app(fm: FrontendManager) -> Guard:
         if req.max_tokens is None and req.max_completion_tokens is not None:
             req.max_tokens = req.max_completion_tokens
 
+        wants_logprobs = bool(req.logprobs)
+
         def final(text: str, r: UserReply) -> Dict[str, Any]:
             message = {"role": "assistant", "content": text}
             choice = {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": chat_logprobs(r.logprobs) if wants_logprobs else None,
                 "finish_reason": r.finish_reason,
             }
             return {**h, "object": "chat.completion", "choices": [choice], "usage": _usage(r)}
 
+        def chunks(reply: UserReply, is_first: bool) -> List[Dict[str, Any]]:
+            payloads = chat_chunks(h, reply, is_first)
+            return with_chat_logprobs(payloads, reply) if wants_logprobs else payloads
+
         usage = functools.partial(usage_chunk, h) if req.include_usage else None
         return await _answer(
-            fm,
-            metrics,
-            request,
-            req.chat(),
-            req,
-            fm.max_seq_len - 1,
-            functools.partial(chat_chunks, h),
-            final,
-            usage,
+            fm, metrics, request, req.chat(), req, fm.max_seq_len - 1, chunks, final, usage
         )
 
     a = fm.args

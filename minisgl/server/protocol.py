@@ -3,8 +3,9 @@
 Three request bodies (``/generate``, ``/v1/completions``, ``/v1/chat/completions``) as
 pydantic models. Types are strict (``"5"`` is not an integer, ``"yes"`` not a boolean),
 ranges are checked, and unknown fields are refused: a parameter the engine would silently
-ignore (``n=2``, ``logprobs``, penalties) is answered with a 400 that says so, instead of
-an answer that looks right and is not. Before any model sees it, ``check_json`` refuses
+ignore (``n=2``, penalties) is answered with a 400 that says so, instead of an answer that
+looks right and is not; ``seed`` and ``logprobs`` are honoured (chapter 6, and the
+appendix on logprobs). Before any model sees it, ``check_json`` refuses
 what JSON allows but nothing downstream can carry: a lone surrogate (``"\ud800"``, which no
 UTF-8 encoder accepts) and nesting deeper than ``MAX_JSON_DEPTH``. Errors use OpenAI's body,
 ``{"error": {"message", "type", "param", "code"}}``, so the ``openai`` client raises them
@@ -24,10 +25,11 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     field_validator,
 )
 
-from minisgl.core import SamplingParams
+from minisgl.core import MAX_TOP_LOGPROBS, SamplingParams
 
 
 class APIError(Exception):
@@ -114,6 +116,7 @@ def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
 MAX_STOP_CHARS = 256
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit; chat allows MAX_TOP_LOGPROBS
 
 
 class _Sampling(BaseModel):
@@ -129,6 +132,19 @@ class _Sampling(BaseModel):
     stream: StrictBool = False
     stop: StrictStr | List[StrictStr] | None = None
     stop_token_ids: List[StrictInt] = Field(default_factory=list)  # vLLM's and SGLang's
+    seed: StrictInt | None = None  # this request's own random stream (chapter 6)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise ValueError("must be an integer that fits in 64 bits (signed)")
+        return v
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        """None: no logprobs; k >= 0: each token's and its k best alternatives'."""
+        return None
 
     @field_validator("top_k")
     @classmethod
@@ -181,6 +197,8 @@ class _Sampling(BaseModel):
             top_p=self.top_p,
             ignore_eos=self.ignore_eos,
             max_tokens=min(max_tokens, max_seq_len - 1),
+            seed=self.seed,
+            logprobs=self.logprobs_wanted,
         )
 
 
@@ -198,7 +216,6 @@ class _OpenAI(_Sampling):
     n: StrictInt = 1
     presence_penalty: StrictFloat = 0.0
     frequency_penalty: StrictFloat = 0.0
-    seed: StrictInt | None = None
     user: StrictStr | None = None  # metadata only
     stream_options: Dict[str, StrictBool] | None = None
 
@@ -218,15 +235,6 @@ class _OpenAI(_Sampling):
             raise ValueError("penalties are not supported by this server (only 0)")
         return v
 
-    @field_validator("seed")
-    @classmethod
-    def _seed(cls, v: int | None) -> int | None:
-        if v is not None:
-            raise ValueError(
-                "per-request seeds are not supported (the engine has one seed, set at launch)"
-            )
-        return v
-
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
@@ -234,7 +242,9 @@ class _OpenAI(_Sampling):
 
 class CompletionRequest(_OpenAI):
     """``POST /v1/completions``. ``max_tokens`` defaults to 16, as in OpenAI's API;
-    ``echo`` puts the prompt in front of the answer's text."""
+    ``echo`` puts the prompt in front of the answer's text; ``logprobs`` (0 to 5) returns
+    each output token's logprob and its best alternatives (not the prompt's: ``echo`` with
+    ``logprobs`` is refused)."""
 
     prompt: StrictStr
     logprobs: StrictInt | None = None
@@ -244,10 +254,21 @@ class CompletionRequest(_OpenAI):
 
     @field_validator("logprobs")
     @classmethod
-    def _logprobs(cls, v: int | None) -> None:
-        if v is not None:
-            raise ValueError("logprobs are not supported by this server")
-        return None
+    def _logprobs(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= MAX_COMPLETION_LOGPROBS:
+            raise ValueError(f"must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {v}")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("logprobs") is not None:
+            raise ValueError("echo with logprobs (the prompt's logprobs) is not supported")
+        return v
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
     @field_validator("best_of")
     @classmethod
@@ -274,19 +295,28 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_OpenAI):
     """``POST /v1/chat/completions``. Without ``max_tokens`` (or ``max_completion_tokens``)
-    the answer may run to the end of the context, as in OpenAI's API."""
+    the answer may run to the end of the context, as in OpenAI's API. ``logprobs: true``
+    returns each token's logprob, with ``top_logprobs`` (0 to 20) alternatives."""
 
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = None
 
-    @field_validator("logprobs", "top_logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _logprobs(cls, v: Any) -> None:
-        if v:
-            raise ValueError("logprobs are not supported by this server")
-        return None
+    def _top_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is None:
+            return v
+        if not 0 <= v <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"must be between 0 and {MAX_TOP_LOGPROBS}, got {v}")
+        if not info.data.get("logprobs"):
+            raise ValueError("needs logprobs set to true")
+        return v
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat(self) -> List[Dict[str, str]]:
         return [{"role": m.role, "content": m.content} for m in self.messages]

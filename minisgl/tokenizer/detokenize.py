@@ -14,7 +14,9 @@ Stop conditions the client chose are checked here, on the decoded text: a token 
 ``stop_token_ids`` ends the answer like an end-of-sequence token, and the text passes
 through the request's ``StopChecker`` (``stop.py``), which holds back a possible beginning
 of a stop string. A stop ends the request before the scheduler's ``max_tokens`` does: the
-``Delta`` says ``abort`` so the worker tells the scheduler to stop generating.
+``Delta`` says ``abort`` so the worker tells the scheduler to stop generating. A request
+that asked for logprobs gets each token's entry in the ``Delta`` that completes its text
+(``logprobs.py``), so hold-back and multi-byte characters neither lose nor repeat one.
 
 This is the scheme of vLLM's ``detokenize_incrementally``; upstream
 ``minisgl.tokenizer.detokenize.DetokenizeManager`` uses the same offsets and, while the
@@ -29,8 +31,10 @@ from typing import AbstractSet, Dict, List, Sequence, Tuple
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.message import DetokenizeMsg
+from minisgl.message.frontend import TokenLogprob
 from minisgl.utils import init_logger
 
+from .logprobs import LogprobQueue, TokenTexts
 from .stop import StopChecker
 
 logger = init_logger(__name__)
@@ -50,6 +54,8 @@ class DecodeStatus:
     read_offset: int = 0
     stop: StopChecker | None = None
     stop_token_ids: AbstractSet[int] = frozenset()
+    logprobs: LogprobQueue | None = None  # for a request that asked for logprobs
+    released: int = 0  # characters of the answer sent to the client
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Delta:
     num_output_tokens: int = 0
     error: str | None = None
     abort: bool = False  # a stop ended it before the scheduler did: stop generating
+    logprobs: List[TokenLogprob] = field(default_factory=list)
 
 
 class DetokenizeManager:
@@ -76,6 +83,7 @@ class DetokenizeManager:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.status: Dict[int, DecodeStatus] = {}
+        self.token_texts = TokenTexts(tokenizer)
 
     def add(
         self,
@@ -84,12 +92,14 @@ class DetokenizeManager:
         ignore_eos: bool,
         stop: Sequence[str] = (),
         stop_token_ids: Sequence[int] = (),
+        logprobs: bool = False,
     ) -> None:
         self.status[uid] = DecodeStatus(
             num_prompt_tokens,
             ignore_eos,
             stop=StopChecker(list(stop)) if stop else None,
             stop_token_ids=frozenset(stop_token_ids),
+            logprobs=LogprobQueue() if logprobs else None,
         )
 
     def forget(self, uid: int) -> None:
@@ -133,6 +143,8 @@ class DetokenizeManager:
                 eos = msg.finished and msg.next_token in self.eos_token_ids and not s.ignore_eos
                 if not (eos or stop_id):
                     s.ids.append(msg.next_token)
+                    if s.logprobs is not None and msg.logprobs is not None:
+                        s.logprobs.add(self.token_texts.entry(msg))
             known.append((msg, s, stop_id))
         context = self.tokenizer.batch_decode(
             [s.ids[s.prefix_offset : s.read_offset] for _, s, _ in known]
@@ -147,12 +159,19 @@ class DetokenizeManager:
             finished = msg.finished or stop_id
             if finished:
                 text += self._flush(s, text)
+            start = len(s.sent)
             s.sent += text
+            if s.logprobs is not None and (text or finished):
+                s.logprobs.place(start, len(s.sent))
             stopped = False
             if s.stop is not None:
                 text, stopped = s.stop.feed(text)
                 if finished and not stopped:
                     text += s.stop.flush()
+            s.released += len(text)
+            logprobs = []
+            if s.logprobs is not None:
+                logprobs = s.logprobs.release(s.released, stopped, finished or stopped)
             reason = None
             if stopped or stop_id:
                 reason = "stop"
@@ -170,6 +189,7 @@ class DetokenizeManager:
                 s.num_output_tokens,
                 msg.error,
                 abort=(stopped or stop_id) and not msg.finished,
+                logprobs=logprobs,
             )
         return [deltas.get(id(m)) for m in msgs]
 

@@ -102,6 +102,7 @@ class TokenizerWorker:
                     num_prompt_tokens=delta.num_prompt_tokens,
                     num_output_tokens=delta.num_output_tokens,
                     error=delta.error,
+                    logprobs=delta.logprobs,
                 )
             )
             if delta.abort:
@@ -145,7 +146,12 @@ class TokenizerWorker:
                 f"context limit is {limit} tokens: at most {limit - n} remain",
             )
         self.detokenize_manager.add(
-            msg.uid, n, msg.sampling_params.ignore_eos, msg.stop, msg.stop_token_ids
+            msg.uid,
+            n,
+            msg.sampling_params.ignore_eos,
+            msg.stop,
+            msg.stop_token_ids,
+            logprobs=msg.sampling_params.logprobs is not None,
         )
         return UserMsg(uid=msg.uid, input_ids=ids, sampling_params=msg.sampling_params)
 
