@@ -6,12 +6,9 @@ import math
 
 import httpx
 import pytest
-import torch
 
 from minisgl.core import SamplingParams
-from minisgl.llm import LLM
-from tests.helpers import DEVICE
-from tests.helpers.server import MAX_SEQ_LEN
+from tests.helpers.server import offline_llm
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT = "The capital of France is"
@@ -20,15 +17,7 @@ CHAT = [{"role": "user", "content": "Name two colours."}]
 
 @pytest.fixture(scope="module")
 def offline(smollm2_path):
-    llm = LLM(
-        str(smollm2_path),
-        dtype=torch.float32,
-        device=DEVICE,
-        attention_backend="torch",
-        max_seq_len_override=MAX_SEQ_LEN,
-        num_page_override=8192,
-        max_running_req=8,
-    )
+    llm = offline_llm(smollm2_path)
     yield llm
     llm.shutdown()
 

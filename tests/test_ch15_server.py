@@ -21,10 +21,8 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.llm import LLM
 from minisgl.server.args import parse_args
-from tests.helpers import DEVICE
-from tests.helpers.server import MAX_SEQ_LEN, Server, free_port, wait_until_idle
+from tests.helpers.server import MAX_SEQ_LEN, Server, free_port, offline_llm, wait_until_idle
 
 PROMPTS = [
     "The capital of France is",
@@ -38,15 +36,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France? Answer in on
 @pytest.fixture(scope="module")
 def offline(smollm2_path):
     """The offline LLM with the server's settings: the oracle for the server's texts."""
-    llm = LLM(
-        str(smollm2_path),
-        dtype=torch.float32,
-        device=DEVICE,
-        attention_backend="torch",
-        max_seq_len_override=MAX_SEQ_LEN,
-        num_page_override=8192,
-        max_running_req=8,
-    )
+    llm = offline_llm(smollm2_path)
     tokenizer = llm.tokenizer
 
     def generate(prompt, max_tokens):

@@ -20,10 +20,27 @@ import httpx
 import openai
 import psutil
 import pytest
+import torch
 
 from .models import DEVICE, ROOT
 
 MAX_SEQ_LEN = 512
+
+
+def offline_llm(model_path: Path):
+    """The offline engine with the test server's settings (float32, torch attention,
+    ``MAX_SEQ_LEN``): the oracle the server's texts are compared with."""
+    from minisgl.llm import LLM  # here: the helpers reach step trees that predate it
+
+    return LLM(
+        str(model_path),
+        dtype=torch.float32,
+        device=DEVICE,
+        attention_backend="torch",
+        max_seq_len_override=MAX_SEQ_LEN,
+        num_page_override=8192,
+        max_running_req=8,
+    )
 
 
 def free_port() -> int:
