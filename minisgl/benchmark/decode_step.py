@@ -108,6 +108,16 @@ def count_kernels(engine: Engine, batch: Batch) -> int:
     )
 
 
+def add_batch_args(p: argparse.ArgumentParser, batch_sizes: List[int]) -> None:
+    """The options the decode-step benchmarks share: the model, the batch sizes, each
+    request's cached context, the page size and the attention backend."""
+    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=batch_sizes)
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    p.add_argument("--page-size", type=int, default=256)
+    p.add_argument("--attention-backend", default="auto")
+
+
 def build_engine(args: argparse.Namespace) -> Engine:
     """A bf16 engine with just enough pages for the largest batch's contexts and a graph for
     every batch size asked for."""
@@ -130,12 +140,8 @@ def build_engine(args: argparse.Namespace) -> Engine:
 
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    add_batch_args(p, [1, 8, 64, 256])
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--page-size", type=int, default=256)
-    p.add_argument("--attention-backend", default="auto")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("decode_step measures GPU time: it needs CUDA")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from collections import defaultdict
 from typing import Dict, List
@@ -28,7 +27,7 @@ import torch
 from minisgl.engine import Engine
 
 from .common import format_table
-from .decode_step import build_engine, make_decode_batch, time_steps
+from .decode_step import add_batch_args, build_engine, make_decode_batch, time_steps
 
 _TEMPLATE_NOISE = re.compile(r"<[^<>]*>|\([^()]*\)")  # innermost first, until none is left
 
@@ -67,13 +66,9 @@ def profile_replays(engine: Engine, batch, replays: int) -> Dict[str, List[float
 
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 64, 256])
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
+    add_batch_args(p, [8, 64, 256])
     p.add_argument("--replays", type=int, default=5)
     p.add_argument("--top", type=int, default=15, help="kernel names shown per batch size")
-    p.add_argument("--page-size", type=int, default=256)
-    p.add_argument("--attention-backend", default="auto")
     p.add_argument("--json", help="write every batch size's whole table here")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import time
 from typing import Callable, Iterator, List
 
@@ -43,7 +42,7 @@ from minisgl.utils import div_ceil
 from minisgl.utils.mp import new_ipc_dir
 
 from .common import format_table
-from .decode_step import make_decode_batch
+from .decode_step import add_batch_args, make_decode_batch
 
 
 def _timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:
@@ -213,16 +212,12 @@ def _rank_main(rank: int, args: argparse.Namespace, addr: str) -> None:
 
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MINISGL_MODEL", "models/qwen3-0.6b-shaped"))
+    add_batch_args(p, [1, 8, 64, 256])
     p.add_argument("--tp", type=int, default=2)
     p.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"]
     )
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256])
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per request")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--page-size", type=int, default=256)
-    p.add_argument("--attention-backend", default="auto")
     args = p.parse_args(argv)
     if args.device == "cuda" and torch.cuda.device_count() < args.tp:
         raise SystemExit(
