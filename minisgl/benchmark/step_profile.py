@@ -8,7 +8,8 @@ For each batch size the script builds the decode batch ``decode_step`` builds (B
 prints, per kernel name (shortened), how many launches one step makes, their summed GPU
 time in microseconds and its share of the step. ``sum`` is the kernels' own durations; the
 step's time from CUDA events is beside it, and the difference is time between kernels
-(launch gaps and dependency waits inside the graph).
+(launch gaps and dependency waits inside the graph), negative where kernels overlap
+(programmatic dependent launch lets one start before the one before it ends).
 
 Not in upstream (upstream profiles with ``nsys``; this is the same table from
 ``torch.profiler``, which needs nothing but torch).
@@ -24,6 +25,7 @@ from typing import Dict, List
 
 import torch
 
+from minisgl.core import Batch
 from minisgl.engine import Engine
 
 from .common import format_table
@@ -41,7 +43,7 @@ def short_name(name: str) -> str:
     return name[:60]
 
 
-def profile_replays(engine: Engine, batch, replays: int) -> Dict[str, List[float]]:
+def profile_replays(engine: Engine, batch: Batch, replays: int) -> Dict[str, List[float]]:
     """``{kernel name: [launches per step, summed µs per step]}`` over ``replays`` replays."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
