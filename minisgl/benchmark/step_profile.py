@@ -11,8 +11,8 @@ step's time from CUDA events is beside it, and the difference is time between ke
 (launch gaps and dependency waits inside the graph), negative where kernels overlap
 (programmatic dependent launch lets one start before the one before it ends).
 
-Not in upstream (upstream profiles with ``nsys``; this is the same table from
-``torch.profiler``, which needs nothing but torch).
+Not in upstream, which ships no profiling tool (its ``.gitignore`` lists ``nsys`` reports);
+this table comes from ``torch.profiler``, which needs nothing but torch.
 """
 
 from __future__ import annotations
