@@ -23,7 +23,14 @@ from minisgl.message import (
     TokenizeMsg,
     UserMsg,
 )
-from minisgl.message.frontend import BatchFrontendMsg, StatsReply, UserReply
+from minisgl.message.frontend import (
+    BatchFrontendMsg,
+    StatsReply,
+    TokenLogprob,
+    TopLogprob,
+    UserReply,
+)
+from minisgl.message.tokenizer import SampledLogprobs
 from minisgl.message.utils import deserialize, dumps, loads, message_types, serialize
 
 DTYPES = [
@@ -82,6 +89,22 @@ ONE_OF_EACH = [
     UserReply(uid=10, incremental_output="🙂 ok", finished=False),
     StatsReply(uid=11, stats={"table_rows_free": 7, "kv_pages_in_use": 0}),
     BatchFrontendMsg(data=[StatsReply(uid=12)]),
+    # logprobs: a sampled token's and its alternatives, and a reply that carries them
+    DetokenizeMsg(
+        uid=13,
+        next_token=42,
+        finished=False,
+        logprobs=SampledLogprobs(-0.25, [42, 7], [-0.25, -2.5]),
+    ),
+    SampledLogprobs(logprob=-1.0),
+    TopLogprob(token="é", bytes=[0xC3, 0xA9], logprob=-1.5),
+    TokenLogprob(token="\ufffd", bytes=[0xF0, 0x9F], logprob=-0.5, text_offset=3),
+    UserReply(
+        uid=14,
+        incremental_output="é",
+        finished=False,
+        logprobs=[TokenLogprob("é", [0xC3, 0xA9], -0.1, 0, [TopLogprob("e", [0x65], -2.0)])],
+    ),
 ]
 
 
