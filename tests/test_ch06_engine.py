@@ -171,6 +171,20 @@ def test_sampling_follows_the_distribution_and_is_seeded():
     torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
 
 
+def test_warm_up_draws_without_touching_the_sampler_stream():
+    """The engine's start-up draw (on CUDA, so FlashInfer compiles its sampling kernels before
+    the first request) must not move the stream every later draw comes from."""
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(64, -1)
+    params = batch_of([SamplingParams(temperature=1.0)] * 64)
+    warmed, cold = Sampler(torch.device("cpu"), 3, seed=5), Sampler(torch.device("cpu"), 3, seed=5)
+    before = warmed.generator.get_state()
+    warmed.warm_up(torch.float32)
+    assert torch.equal(warmed.generator.get_state(), before)
+    assert torch.equal(
+        warmed.sample(logits, warmed.prepare(params)), cold.sample(logits, cold.prepare(params))
+    )
+
+
 def _seeded_draw(sampler, logits, params, position=1):
     """Tokens for a batch whose requests all stand at ``position`` (the position drawn)."""
     batch = batch_of(params)

@@ -277,8 +277,9 @@ def print_report(
     if startups:
         print(
             "\nmini-sglang start-up, seconds: load = weights; kv_cache = KV pool, page table, attention "
-            "backend; jit_warmup = first eager decode pass and first_request = first prefill + sampling "
-            "(FlashInfer and Triton compile there); graph_capture = the rest of the capture"
+            "backend; jit_warmup = the sampler's first draw and the first eager decode pass, "
+            "first_request = the first prefill (FlashInfer and Triton compile there); "
+            "graph_capture = the rest of the capture"
         )
         keys = [
             "load",

@@ -102,6 +102,16 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """One draw from a ``[2, V]`` batch of ``dtype`` logits with a generator of its own.
+        FlashInfer builds its sampling kernels on first use (a minute or more on a fresh
+        machine), and a server whose first sampled request waits for that holds every other
+        request too; the sampler's own stream is left untouched."""
+        logits = torch.zeros(2, self.vocab_size, dtype=dtype, device=self.device)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(0)
+        sample_tokens(logits, torch.full((2,), 0.5, device=self.device), None, None, generator)
+
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         params = [r.sampling_params for r in batch.reqs]
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
