@@ -298,6 +298,21 @@ def test_a_client_that_disconnects_aborts_its_request(server):
 # ---- a dead worker: fail fast, say which ----------------------------------------------------
 
 
+def test_a_worker_not_reaped_yet_is_not_given_exit_code_none():
+    """A GPU worker's pipes close seconds before it can be reaped (releasing the device), so
+    the first log line may come before its exit code exists; the final line is written
+    after reaping."""
+    from types import SimpleNamespace
+
+    from minisgl.server.worker import Worker
+
+    exiting = Worker("minisgl-scheduler-0", SimpleNamespace(exitcode=None, pid=7))
+    assert exiting.exit_text() == "exit code not known yet"
+    assert Worker("minisgl-tokenizer", SimpleNamespace(exitcode=-9, pid=8)).exit_text() == (
+        "exit code -9"
+    )
+
+
 def test_a_killed_worker_makes_the_server_fail_fast_and_exit(qwen3_path, tmp_path):
     server = Server(qwen3_path, tmp_path / "server.log").wait_ready()
     try:

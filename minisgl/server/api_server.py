@@ -450,9 +450,9 @@ def create_app(fm: FrontendManager) -> Guard:
     )
 
 
-def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> str | None:
+def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
     """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C, SIGTERM or a
-    worker's death. Returns None after a signal, the reason after a death."""
+    worker's death. Returns None after a signal, the dead ``Worker`` after a death."""
     if not args.api_key and not is_loopback(args.server_host):
         logger.warning(
             f"serving on {args.server_host} without an API key: anyone who can reach this "
@@ -478,4 +478,4 @@ def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> str |
 
     fm.on_dead = on_dead
     server.run()
-    return fm.dead
+    return fm.dead_worker

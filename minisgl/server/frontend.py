@@ -63,6 +63,7 @@ class FrontendManager:
         self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
         self.stats_waiters: Dict[int, asyncio.Future[Dict[str, int]]] = {}
         self.dead: str | None = None  # why nothing can be served any more
+        self.dead_worker: Worker | None = None  # the worker whose death that was
         self.stopping = False
         self._gone: Set[str] = set()  # workers whose end was handled
         self._tasks: Set[asyncio.Task[Any]] = set()
@@ -105,13 +106,13 @@ class FrontendManager:
         self._gone.add(worker.name)
         worker.process.join(timeout=1.0)  # its sentinel fired: the exit code is moments away
         if self.dead is not None:  # already failing; e.g. a rank stopped after its peer died
-            logger.info(f"worker {worker.describe()} ended (exit code {worker.process.exitcode})")
+            logger.info(f"worker {worker.describe()} ended ({worker.exit_text()})")
             return
-        reason = f"worker {worker.name} died (exit code {worker.process.exitcode})"
+        reason = f"worker {worker.name} died ({worker.exit_text()})"
         logger.error(
             f"{reason}: failing {len(self.queues)} open request(s) and stopping the server"
         )
-        self.dead = reason
+        self.dead, self.dead_worker = reason, worker
         for uid, q in self.queues.items():
             q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
         for fut in self.stats_waiters.values():

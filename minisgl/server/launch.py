@@ -206,7 +206,7 @@ def launch_server(argv: List[str] | None = None) -> None:
     ipc_dir = new_ipc_dir()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     workers: List[Worker] = []
-    failed = ""
+    dead: Worker | None = None  # the worker whose death stopped the server
     try:
         args = parse_args(argv, ipc_dir)
         problem = preflight(args)
@@ -222,9 +222,7 @@ def launch_server(argv: List[str] | None = None) -> None:
         else:
             from .api_server import run_api_server
 
-            failure = run_api_server(args, workers, info)
-            if failure is not None:
-                failed = f"python -m minisgl: error: {failure}; the server stopped"
+            dead = run_api_server(args, workers, info)
     except KeyboardInterrupt:
         pass
     finally:
@@ -234,5 +232,8 @@ def launch_server(argv: List[str] | None = None) -> None:
         stop_workers(workers)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
-    if failed:
-        raise SystemExit(failed)  # exit status 1, the line on stderr
+    if dead is not None:  # reaped by now, so its exit code is known; exit status 1, on stderr
+        raise SystemExit(
+            f"python -m minisgl: error: worker {dead.name} died ({dead.exit_text()}); "
+            "the server stopped"
+        )

@@ -19,3 +19,10 @@ class Worker:
 
     def describe(self) -> str:
         return f"{self.name} (pid {self.process.pid})"
+
+    def exit_text(self) -> str:
+        """``exit code N`` (negative: killed by signal ``-N``) once the process has been
+        reaped; before that (a GPU process can take seconds to release its device after
+        its pipes have closed) ``exit code not known yet``."""
+        code = self.process.exitcode
+        return "exit code not known yet" if code is None else f"exit code {code}"
