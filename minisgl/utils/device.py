@@ -108,8 +108,8 @@ def get_free_memory(device: torch.device) -> int:
     """Free bytes on a CUDA device.
 
     Raises:
-        ValueError: on the CPU, where the KV pool must be sized explicitly instead
-            (``num_page_override`` or ``kv_memory_cap``): a fraction of host RAM is no
+        ValueError: on the CPU, where the KV pool is sized otherwise (``num_page_override``,
+            ``kv_memory_cap`` or ``DEFAULT_CPU_KV_MEMORY``): a fraction of host RAM is no
             sensible default on a shared machine.
     """
     if not is_cuda(device):
