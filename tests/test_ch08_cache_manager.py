@@ -125,7 +125,9 @@ def test_requests_admitted_together_fit_in_whole_pages(P):
     assert cache.num_free_pages == 0
 
 
-def test_a_two_page_pool_serves_requests_two_at_a_time(qwen3_path):
+def test_a_two_page_pool_serves_its_requests_one_at_a_time(qwen3_path):
+    """Each request reserves 2 + 2 + 3 = 7 of the 8 slots (prompt, max_tokens, page slack),
+    so the four run one after another, and still give Hugging Face's tokens."""
     ENV.DISABLE_OVERLAP_SCHEDULING.value = True
     llm = LLM(
         str(qwen3_path),

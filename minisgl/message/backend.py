@@ -30,7 +30,8 @@ class UserMsg(BaseBackendMsg):
 
 @dataclass
 class AbortBackendMsg(BaseBackendMsg):
-    """Stop request ``uid`` (its client went away) and release what it holds."""
+    """Stop request ``uid`` (its client went away, or a stop string ended its answer) and
+    release what it holds."""
 
     uid: int
 
