@@ -3,8 +3,8 @@
 The checkpoint stores ``q_proj``, ``k_proj``, ``v_proj`` (and ``gate_proj``, ``up_proj``)
 separately; the engine's layers want them stacked (``qkv_proj``, ``gate_up_proj``). The
 loader reads one tensor at a time, cuts this rank's shard, holds the pieces of a merge
-group until the group is complete, then yields the stacked tensor. Peak host memory is
-one full tensor plus the pending group, never the whole model.
+group until the group is complete, then yields the stacked tensor. Each piece moves to
+the device as soon as it is read, so peak host memory is one full tensor, never the model.
 
 Mirrors upstream ``minisgl.models.weight.load_weight``.
 """
