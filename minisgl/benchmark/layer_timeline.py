@@ -9,7 +9,8 @@ the chain as a whole cannot say which link is slow, and a profiler serialises th
 that PDL overlaps. So each launch is given a stamps buffer (``kernel/triton/timeline.py``):
 every program records the global timer when it starts, when its PDL wait returns and when
 it ends. Qwen3-0.6B's 28 layers run with random weights and a 1,025-token context in one
-CUDA graph (``fused_layer.LayerChain``), and for each kernel, averaged over layers 2-26 (from 0):
+CUDA graph (``fused_layer.LayerChain``), and for each kernel, averaged over layers 2-26
+(counting from 0):
 
 * ``starts``: from the first to the last of its programs starting (a program starts only
   where an SM has registers free for it);

@@ -21,7 +21,8 @@ DEFAULT_CPU_KV_MEMORY = 512 * 1024**2  # bytes
 class EngineConfig:
     """``model_path`` is a local Hugging Face folder. KV sizing, in order of precedence:
     ``num_page_override`` pages; ``kv_memory_cap`` bytes; on CUDA ``memory_ratio`` of the
-    free memory measured before loading, minus the weights; on the CPU ``DEFAULT_CPU_KV_MEMORY``.
+    free memory measured before loading, minus the weights; on the CPU
+    ``DEFAULT_CPU_KV_MEMORY``.
 
     Tensor parallelism (chapter 16): ``tp_info`` is this process's rank out of how many;
     with more than one, every rank gets the same config but its own ``tp_info``, and they

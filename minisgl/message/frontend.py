@@ -52,9 +52,10 @@ class UserReply(BaseFrontendMsg):
 
     ``incremental_output`` is what to append to what was sent before (possibly ``""``
     while a multi-byte character is incomplete). On the last reply ``finished`` is set and
-    ``finish_reason`` is ``"stop"`` (an end-of-sequence token, a stop string or a stop token id) or ``"length"``
-    (``max_tokens`` or the context ran out). Token counts are in tokens; the output count
-    includes a final end-of-sequence token. ``error`` is set when the request was refused.
+    ``finish_reason`` is ``"stop"`` (an end-of-sequence token, a stop string or a stop token
+    id) or ``"length"`` (``max_tokens`` or the context ran out). Token counts are in
+    tokens; the output count includes a final end-of-sequence token. ``error`` is set when
+    the request was refused.
     ``logprobs`` holds one entry per token whose text this reply completes (chapter 15's
     appendix on logprobs), for a request that asked.
     """

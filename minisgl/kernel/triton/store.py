@@ -7,9 +7,9 @@ embedding). The torch references (``torch_ops.store_cache``, ``torch_ops.embeddi
 are an ``index_put_`` per tensor and ``F.embedding``; chapter 19 tests these kernels
 against them and times both.
 
-Row offsets are computed in int64: a pool of about 2.1 million token slots times a 1,024-element
-row already passes 2**31. Triton compiles each kernel on first use for every distinct
-``BLOCK`` (the row length rounded up to a power of two), in about a second.
+Row offsets are computed in int64: a pool of about 2.1 million token slots times a
+1,024-element row already passes 2**31. Triton compiles each kernel on first use for every
+distinct ``BLOCK`` (the row length rounded up to a power of two), in about a second.
 
 They also run on the CPU under ``TRITON_INTERPRET=1`` (slowly), which is how the CPU
 test suite checks their indexing. Mirrors upstream ``minisgl.kernel.store`` and
