@@ -23,7 +23,7 @@ import random
 import pytest
 import torch
 
-from minisgl.attention.fi import paged_kv_index, use_tensor_cores
+from minisgl.attention.fi import TENSOR_CORE_MAX_BATCH, paged_kv_index, use_tensor_cores
 from minisgl.core import Req, SamplingParams
 from minisgl.env import ENV
 from minisgl.kernel import serves, torch_ops
@@ -122,10 +122,14 @@ def test_bad_arguments_are_refused():
         paged_kv_index(torch.zeros(1, 4, dtype=torch.int32), [], 1)
 
 
-def test_tensor_cores_from_a_group_of_four():
-    assert not use_tensor_cores(9, 3)  # SmolLM2
-    assert not use_tensor_cores(16, 8)  # Qwen3-0.6B
-    assert use_tensor_cores(32, 8) and use_tensor_cores(64, 8)
+def test_tensor_cores_from_a_group_of_four_and_for_a_group_of_two_up_to_its_batch():
+    assert not any(use_tensor_cores(9, 3, bs) for bs in (None, 1, 8, 64, 256))  # SmolLM2
+    assert use_tensor_cores(32, 8) and use_tensor_cores(64, 8, 256)  # Llama-3-8B and larger
+    limit = TENSOR_CORE_MAX_BATCH[2]  # Qwen3-0.6B: 16 query heads over 8
+    assert use_tensor_cores(16, 8, 8) and use_tensor_cores(16, 8, limit)
+    assert not use_tensor_cores(16, 8, limit + 1) and not use_tensor_cores(16, 8, 256)
+    assert not use_tensor_cores(16, 8)  # a wrapper for every batch size: CUDA cores
+    assert use_tensor_cores(8, 4, 8) and not use_tensor_cores(8, 4)  # a group, not head counts
 
 
 def test_kernels_stay_on_torch_on_the_cpu():

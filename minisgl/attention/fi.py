@@ -18,8 +18,9 @@ Prefill batches use ``BatchPrefillWithPagedKVCacheWrapper`` with a causal mask; 
 aligns that mask to the end of each request's KV, so a prompt with a cached prefix (queries
 at positions ``cached_len ..``) sees the whole prefix. Decode batches use
 ``BatchDecodeWithPagedKVCacheWrapper``, on tensor cores when 4 or more query heads share
-a KV head (the group is then big enough to fill an MMA tile). CUDA graphs (chapter 18)
-get one decode wrapper per captured batch size, planned into fixed buffers.
+a KV head (the group is then big enough to fill an MMA tile), and for Qwen3-0.6B's group of
+2 at the batch sizes where that measured faster. CUDA graphs (chapter 18) get one decode
+wrapper per captured batch size, planned into fixed buffers.
 
 Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
 only; this one takes any ``P``).
@@ -43,12 +44,19 @@ if TYPE_CHECKING:
 
 WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's recommended float workspace (split-KV partials)
 TENSOR_CORE_MIN_GROUP = 4  # query heads per KV head from which decode runs on tensor cores
+# smaller groups, measured on an H200 (chapter 17): tensor cores up to this batch size
+TENSOR_CORE_MAX_BATCH = {2: 64}
 
 
-def use_tensor_cores(num_qo_heads: int, num_kv_heads: int) -> bool:
-    """Decode on tensor cores when a KV head serves >= 4 query heads (SmolLM2: 3, no;
-    Llama-3-8B: 4, yes; Qwen3-0.6B: 2, no)."""
-    return num_qo_heads // num_kv_heads >= TENSOR_CORE_MIN_GROUP
+def use_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch_size: int | None = None) -> bool:
+    """Whether decode runs on tensor cores: always when a KV head serves >= 4 query heads
+    (Llama-3-8B: 4, yes), and for a group listed in ``TENSOR_CORE_MAX_BATCH`` up to its batch
+    size (Qwen3-0.6B: 2, up to 64 requests). ``batch_size=None`` asks for a wrapper that
+    serves batches of every size. SmolLM2's group of 3 is not listed: CUDA cores."""
+    group = num_qo_heads // num_kv_heads
+    if group >= TENSOR_CORE_MIN_GROUP:
+        return True
+    return batch_size is not None and batch_size <= TENSOR_CORE_MAX_BATCH.get(group, 0)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ class FlashInferBackend(BaseAttnBackend):
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.kv_cache, self.page_size = kv_cache, page_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
+        # the eager decode wrapper serves any batch; each graph's wrapper asks for its own size
         self.use_tensor_cores = use_tensor_cores(num_qo_heads, num_kv_heads)
         # one float workspace for every wrapper: they run one after another on one stream
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
@@ -236,7 +245,7 @@ class FlashInferBackend(BaseAttnBackend):
             self.workspace,
             kv_layout="NHD",
             use_cuda_graph=True,
-            use_tensor_cores=self.use_tensor_cores,
+            use_tensor_cores=use_tensor_cores(self.num_qo_heads, self.num_kv_heads, bs),
             paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
             paged_kv_indices_buffer=self._graph_kv_page_ids,
             paged_kv_last_page_len_buffer=self._graph_kv_last_page_len[:bs],
