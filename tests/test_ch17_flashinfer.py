@@ -128,7 +128,7 @@ def test_tensor_cores_from_a_group_of_four_and_for_a_group_of_two_up_to_its_batc
     limit = TENSOR_CORE_MAX_BATCH[2]  # Qwen3-0.6B: 16 query heads over 8
     assert use_tensor_cores(16, 8, 8) and use_tensor_cores(16, 8, limit)
     assert not use_tensor_cores(16, 8, limit + 1) and not use_tensor_cores(16, 8, 256)
-    assert not use_tensor_cores(16, 8)  # a wrapper for every batch size: CUDA cores
+    assert not use_tensor_cores(16, 8)  # no batch size: the group alone decides
     assert use_tensor_cores(8, 4, 8) and not use_tensor_cores(8, 4)  # a group, not head counts
 
 

@@ -134,6 +134,8 @@ def _gpu_model():
 
 
 def _llm(path, **kw):
+    """FlashInfer attention unless ``kw`` says otherwise (``auto`` would send batches of up
+    to four requests to chapter 19's split-KV kernel)."""
     from minisgl.llm import LLM
 
     return LLM(
@@ -143,14 +145,15 @@ def _llm(path, **kw):
         max_running_req=16,
         max_seq_len_override=512,
         kv_memory_cap=1 << 30,
-        **kw,
+        **{"attention_backend": "fi", **kw},
     )
 
 
 @pytest.mark.gpu
 def test_greedy_output_is_identical_with_graphs_on_and_off():
     """Four requests of equal length decode at batch 4, a captured size: no padding, so
-    the graph runs exactly the kernels the eager pass runs."""
+    the graph runs exactly the kernels the eager pass runs, FlashInfer's decode on tensor
+    cores in both (chapter 17's ``decode_wrapper_for``)."""
     path = _gpu_model()
     ids = [hf_encode(path, p) for p in PROMPTS]
     outputs = {}
@@ -178,6 +181,7 @@ def test_a_padded_batch_replays_the_next_graph():
             num_page_override=2048,
             max_seq_len_override=256,
             cuda_graph_bs=(1, 4, 8),
+            attention_backend="fi",
         )
     )
     ids = [hf_encode(path, p) for p in PROMPTS[:3]]

@@ -18,9 +18,10 @@ Prefill batches use ``BatchPrefillWithPagedKVCacheWrapper`` with a causal mask; 
 aligns that mask to the end of each request's KV, so a prompt with a cached prefix (queries
 at positions ``cached_len ..``) sees the whole prefix. Decode batches use
 ``BatchDecodeWithPagedKVCacheWrapper``, on tensor cores when 4 or more query heads share
-a KV head (the group is then big enough to fill an MMA tile), and for Qwen3-0.6B's group of
-2 at the batch sizes where that measured faster. CUDA graphs (chapter 18) get one decode
-wrapper per captured batch size, planned into fixed buffers.
+a KV head (the group is then big enough to fill an MMA tile), and for a group of 2
+(Qwen3-0.6B) at the batch sizes where that measured faster; the eager path keeps one decode
+wrapper per kernel. CUDA graphs (chapter 18) get one decode wrapper per captured batch size,
+planned into fixed buffers.
 
 Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
 only; this one takes any ``P``).
@@ -44,15 +45,15 @@ if TYPE_CHECKING:
 
 WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's recommended float workspace (split-KV partials)
 TENSOR_CORE_MIN_GROUP = 4  # query heads per KV head from which decode runs on tensor cores
-# smaller groups, measured on an H200 (chapter 17): tensor cores up to this batch size
+# smaller groups, measured on an H200 (performance case study): tensor cores up to this batch
 TENSOR_CORE_MAX_BATCH = {2: 64}
 
 
 def use_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch_size: int | None = None) -> bool:
     """Whether decode runs on tensor cores: always when a KV head serves >= 4 query heads
     (Llama-3-8B: 4, yes), and for a group listed in ``TENSOR_CORE_MAX_BATCH`` up to its batch
-    size (Qwen3-0.6B: 2, up to 64 requests). ``batch_size=None`` asks for a wrapper that
-    serves batches of every size. SmolLM2's group of 3 is not listed: CUDA cores."""
+    size (Qwen3-0.6B: 2, up to 64 requests). ``batch_size=None`` answers for the group
+    alone: tensor cores only from a group of 4. SmolLM2's group of 3 is not listed."""
     group = num_qo_heads // num_kv_heads
     if group >= TENSOR_CORE_MIN_GROUP:
         return True
@@ -143,17 +144,19 @@ class FlashInferBackend(BaseAttnBackend):
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.kv_cache, self.page_size = kv_cache, page_size
         self.device, self.dtype = kv_cache.device, kv_cache.dtype
-        # the eager decode wrapper serves any batch; each graph's wrapper asks for its own size
-        self.use_tensor_cores = use_tensor_cores(num_qo_heads, num_kv_heads)
         # one float workspace for every wrapper: they run one after another on one stream
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         # fa2: FlashInfer's fa3 path is slower for these shapes on Hopper (upstream's finding)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", backend="fa2"
         )
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_tensor_cores=self.use_tensor_cores, backend="fa2"
-        )
+        # eager decode: one wrapper per kernel, so that a batch runs the kernel its graph would
+        self.decode_wrappers = {
+            tensor_cores: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, kv_layout="NHD", use_tensor_cores=tensor_cores, backend="fa2"
+            )
+            for tensor_cores in (False, True)
+        }
         # plan() fills a pinned host buffer, then copies it to the GPU asynchronously; the
         # next plan must not overwrite that buffer before the copy has run
         self._plan_done = torch.cuda.Event()
@@ -168,11 +171,18 @@ class FlashInferBackend(BaseAttnBackend):
             get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin=True
         )
         last = (index.qo_indptr[1:] - 1).to(torch.int64).pin_memory()
+        if batch.is_decode:
+            wrapper = self.decode_wrapper_for(batch.padded_size)
+        else:
+            wrapper = self.prefill_wrapper
         batch.attn_metadata = FIMetadata(
-            index=index,
-            last_indices=last.to(self.device, non_blocking=True),
-            wrapper=self.decode_wrapper if batch.is_decode else self.prefill_wrapper,
+            index=index, last_indices=last.to(self.device, non_blocking=True), wrapper=wrapper
         )
+
+    def decode_wrapper_for(self, bs: int) -> Any:
+        """The eager decode wrapper for a batch of ``bs`` requests: on tensor cores or not,
+        as ``use_tensor_cores`` decides for that size (and so as the graph of that size)."""
+        return self.decode_wrappers[use_tensor_cores(self.num_qo_heads, self.num_kv_heads, bs)]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch

@@ -213,7 +213,9 @@ def test_prepare_metadata_indexes_the_padded_batch():
         assert decode.padded_size == 4 and meta.index.seq_lens.numel() == 4, (
             f"index the padded batch (4 requests, the dummy included), got {meta.index.seq_lens.tolist()}"
         )
-        assert meta.wrapper is backend.decode_wrapper, "a decode batch runs on decode_wrapper"
+        assert meta.wrapper is backend.decode_wrapper_for(4), (
+            "a decode batch runs on the decode wrapper of its size, decode_wrapper_for"
+        )
         assert meta.index.qo_indptr.tolist() == [0, 1, 2, 3, 4]
         logits = manual.forward(engine, decode, use_graph=False)
         assert logits.shape[0] == 3 and torch.isfinite(logits).all()
