@@ -1,4 +1,4 @@
-"""Chapter 19: the fused decode path of one or two requests (``models/fused_decode.py``).
+"""Chapter 19: the fused decode path of up to four requests (``models/fused_decode.py``).
 
 The fused path must give the unfused path's logits: on the CPU through the torch references
 (``torch_fused``), and in a subprocess under ``TRITON_INTERPRET=1`` through the Triton kernels
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from minisgl import kernel
+from minisgl.attention.split_kv import SPLIT_KV_MAX_BS
 from minisgl.benchmark import manual
 from minisgl.kernel import torch_fused, torch_ops
 from minisgl.models import fused_decode
@@ -28,14 +29,14 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
     not HAS_TRITON, reason="triton is not installed (pip install triton)"
 )
-PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at", "Once upon a time"]
 STEPS = 4  # a prefill (unfused) and three fused decode steps
 
 
 def cpu_engine(path, **overrides):
     from minisgl.engine import Engine, EngineConfig
 
-    config = dict(dtype=torch.float32, device="cpu", max_running_req=2, num_page_override=64,
+    config = dict(dtype=torch.float32, device="cpu", max_running_req=4, num_page_override=64,
                   max_seq_len_override=32)  # fmt: skip
     return Engine(EngineConfig(str(path), **{**config, **overrides}))
 
@@ -83,7 +84,7 @@ def test_a_kernel_module_a_later_chapter_brings_counts_as_absent(monkeypatch):
 
 
 @pytest.mark.parametrize("model", ["qwen3_path", "qwen2_path"])  # QK-norm; qkv bias
-@pytest.mark.parametrize("n_prompts", [1, 2])
+@pytest.mark.parametrize("n_prompts", [1, 2, 4])
 def test_the_fused_path_gives_the_unfused_logits(model, n_prompts, request, monkeypatch):
     from minisgl.attention.torch_backend import TorchAttnBackend
 
@@ -135,7 +136,7 @@ def test_the_references_are_the_unfused_ops():
 
 
 @needs_triton
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_every_qwen3_gemv_reads_its_whole_row_before_the_pdl_wait(m):
     """The tile rule: one tile covers all of K (the loads before ``gdc_wait``), without more
     accumulators per thread than the registers hold, nor more than 16 KiB of weights per
@@ -456,7 +457,7 @@ def gpu_engine(page_size: int, graphs: int = 0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_fused_kernels_at_qwen3_shapes_match_float32(m):
     """bf16 kernels against float32 math on the same bf16 inputs: 2**-6 of the largest
     output covers the few roundings the kernels make on purpose; a wrong tile is far off."""
@@ -500,7 +501,7 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("n_prompts", [1, 2])
+@pytest.mark.parametrize("n_prompts", [1, 2, 4])
 def test_the_engine_on_the_fused_path_gives_the_unfused_logits(page_size, n_prompts, monkeypatch):
     """Teacher-forced: the unfused run's tokens are fed to the fused one. Same tolerance as
     FlashInfer against the torch backend (chapter 17): 2 % of each step's logit range."""
@@ -515,6 +516,7 @@ def test_the_engine_on_the_fused_path_gives_the_unfused_logits(page_size, n_prom
     attention_calls = count_calls(monkeypatch, decode, "decode_attention_qkv")
     _, fused = logits_of(engine, path, n_prompts, forced=tokens)
     # the split-KV kernel does the q/k norms, RoPE and the store from qkv, in every layer
+    assert n_prompts <= SPLIT_KV_MAX_BS
     assert len(attention_calls) == (STEPS - 1) * len(engine.model.model.layers)
     for step, (a, b) in enumerate(zip(fused, plain)):
         diff, scale = float((a - b).abs().max()), float(b.max() - b.min())

@@ -204,16 +204,22 @@ def test_the_kernels_refuse_bad_input_before_launching():
         refused(decode.decode_attention_qkv, **{**good, **bad})
 
 
-def test_the_backend_takes_one_or_two_decode_requests_and_routes_the_rest(qwen3_path):
-    """``SplitKVBackend.takes``: decode batches of at most two requests in an engine whose
-    requests fit ``SPLIT_KV_MAX_SEQ_LEN``; prefills and bigger batches reach the fallback."""
-    from minisgl.attention.split_kv import SPLIT_KV_MAX_SEQ_LEN, SplitKVBackend, SplitKVMetadata
+def test_the_backend_takes_up_to_four_decode_requests_and_routes_the_rest(qwen3_path):
+    """``SplitKVBackend.takes``: decode batches of at most ``SPLIT_KV_MAX_BS`` (4) requests in
+    an engine whose requests fit ``SPLIT_KV_MAX_SEQ_LEN``; prefills and bigger batches reach
+    the fallback."""
+    from minisgl.attention.split_kv import (
+        SPLIT_KV_MAX_BS,
+        SPLIT_KV_MAX_SEQ_LEN,
+        SplitKVBackend,
+        SplitKVMetadata,
+    )
     from minisgl.attention.torch_backend import TorchAttnMetadata
     from minisgl.benchmark import manual
     from minisgl.engine import Engine, EngineConfig
 
     engine = Engine(
-        EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=4,
+        EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=5,
                      num_page_override=64, max_seq_len_override=32, attention_backend="split_kv",
                      page_size=4)
     )  # fmt: skip
@@ -221,13 +227,14 @@ def test_the_backend_takes_one_or_two_decode_requests_and_routes_the_rest(qwen3_
     assert (
         isinstance(backend, SplitKVBackend) and engine.page_table.shape[1] <= SPLIT_KV_MAX_SEQ_LEN
     )
-    reqs = manual.place(engine, [[1, 2, 3]] * 3, 4)
+    assert SPLIT_KV_MAX_BS == 4
+    reqs = manual.place(engine, [[1, 2, 3]] * 5, 4)
     prefill = manual.build_batch(engine, reqs, "prefill")
     assert isinstance(prefill.attn_metadata, TorchAttnMetadata)
     for req in reqs:
         req.complete_one()
         req.append_host(torch.tensor([7], dtype=torch.int32))
-    for n, routed in ((1, SplitKVMetadata), (2, SplitKVMetadata), (3, TorchAttnMetadata)):
+    for n, routed in ((1, SplitKVMetadata), (4, SplitKVMetadata), (5, TorchAttnMetadata)):
         batch = manual.build_batch(engine, reqs[:n], "decode")
         assert isinstance(batch.attn_metadata, routed), n
         if routed is SplitKVMetadata:

@@ -1,4 +1,4 @@
-"""Decode attention for one or two requests on chapter 19's split-KV kernel.
+"""Decode attention for up to four requests on chapter 19's split-KV kernel.
 
 One request's decode attention has only ``H_kv`` independent pieces of work, far too few
 for a GPU, and FlashInfer splits a context only at page boundaries. The split-KV kernel
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from minisgl.core import Batch
     from minisgl.kvcache import MHAKVCache
 
-SPLIT_KV_MAX_BS = 2
+SPLIT_KV_MAX_BS = 4  # the fused decode path's largest batch: there it attends from qkv
 SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
 
 
@@ -156,7 +156,7 @@ class SplitKVBackend(BaseAttnBackend):
             num_qo_heads=self.num_qo_heads,
         )
 
-    # ---- CUDA graphs (chapter 18): graphs of one or two requests here, the rest the fallback's
+    # ---- CUDA graphs (chapter 18): up to SPLIT_KV_MAX_BS requests here, the rest the fallback's
     @property
     def supports_cuda_graph(self) -> bool:
         return self.fallback.supports_cuda_graph

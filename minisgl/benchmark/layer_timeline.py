@@ -117,7 +117,7 @@ def main(argv: List[str] | None = None) -> None:
         nargs="+",
         default=[1, 2],
         choices=[1, 2],
-        help="decode batch sizes (the fused path takes one or two rows)",
+        help="decode batch sizes (this timeline covers the fused path's one- and two-row steps)",
     )
     p.add_argument("--json", help="write each batch size's table and one layer's kernels here")
     args = p.parse_args(argv)

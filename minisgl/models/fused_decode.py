@@ -1,4 +1,4 @@
-"""Chapter 19's decode step of one or two requests: each layer in four GEMV kernels and the
+"""Chapter 19's decode step of up to four requests: each layer in four GEMV kernels and the
 attention, the final norm inside the LM head.
 
 At decode batch 1 a step is about fifteen kernels per layer, and each costs a few
@@ -37,7 +37,7 @@ from minisgl.kernel import HALF, linear_add_residual_, norm_linear, norm_lm_head
 from .base import BaseLLMModel
 from .utils import CausalLM, DecoderLayer, GatedMLP, RopeAttn
 
-FUSED_DECODE_MAX_BS = 2  # the fused kernels' tiles are chosen for one or two rows
+FUSED_DECODE_MAX_BS = 4  # the fused kernels keep the broadcast sums of up to 4 rows in registers
 
 
 def fusable(model: BaseLLMModel) -> bool:
@@ -103,7 +103,7 @@ def forward(model: CausalLM, batch: Batch) -> torch.Tensor:
 
 
 class FusedDecodeLM(BaseLLMModel):
-    """``model`` with its decode steps of one or two requests on the fused path.
+    """``model`` with its decode steps of up to four requests on the fused path.
 
     ``forward()`` reads the batch from the global context like any model; the weights, their
     loading and every other attribute are ``model``'s (``engine.model.model.layers`` reaches

@@ -4,7 +4,7 @@
 * ``gemv``: a small-batch matrix-vector product with split-K;
 * ``fused``: the layer's GEMVs of a decode step, with the norm, SwiGLU and residual add fused in;
 * ``lm_head``: the final norm and the LM head in one persistent kernel;
-* ``decode``: split-KV decode attention for one or two requests;
+* ``decode``: split-KV decode attention for a few requests;
 * ``moe``: the grouped GEMM of a mixture of experts (chapter 20);
 * ``pdl``, ``timeline``, ``checks``: what the kernels share (programmatic dependent launch,
   per-program timestamps, the host-side checks of their operands).

@@ -1,4 +1,4 @@
-"""Decode attention for a batch of one or two requests, in Triton (split-KV, "flash-decoding").
+"""Decode attention for a batch of a few requests, in Triton (split-KV, "flash-decoding").
 
 One query token per request attends over its whole context. With a single request there
 are only ``H_kv`` independent pieces of work (one per KV head), far too few to spread a few

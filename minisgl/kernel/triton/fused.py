@@ -1,4 +1,4 @@
-"""The layer's GEMVs of a decode step of one or two requests, fused with the work around them.
+"""The layer's GEMVs of a decode step of up to four requests, fused with the work around them.
 
 At decode batch 1 a layer is a chain of about fifteen kernels (norm, qkv GEMV, q-norm,
 k-norm, RoPE, KV store, attention, o GEMV, residual add and norm, gate/up GEMV, SwiGLU, down

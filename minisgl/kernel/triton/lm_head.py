@@ -1,8 +1,8 @@
-"""The LM head of a decode step of one or two requests: the final RMSNorm and the
+"""The LM head of a decode step of up to four requests: the final RMSNorm and the
 vocabulary projection in one persistent Triton kernel.
 
 The LM head is the step's largest single read (Qwen3-0.6B's ``[151936, 1024]`` bf16 weight
-is 311 MB, a quarter of the model), and at one or two rows of ``x`` it is a pure streaming
+is 311 MB, a quarter of the model), and at a few rows of ``x`` it is a pure streaming
 problem. One program per 8 rows, as the layers' fused GEMVs have, leaves each program too
 little time to hide the latency of its one load. So this kernel is *persistent*:
 ``LM_HEAD_PROGRAMS_PER_SM`` programs per SM each normalise ``x`` once and then walk the
@@ -119,7 +119,7 @@ def norm_lm_head(
 ) -> torch.Tensor:
     """Logits ``linear(rms_norm(x, norm_weight, eps), weight)`` in one kernel.
 
-    ``x: [M, K]`` (one or two rows of the residual stream, before the final norm),
+    ``x: [M, K]`` (a few rows of the residual stream, before the final norm),
     ``norm_weight: [K]``, ``weight: [V, K]`` with contiguous rows (the LM head, or the tied
     embedding). Returns ``[M, V]`` in x's dtype. Same reference as
     ``torch_fused.norm_lm_head``. ``K`` is read in one tile: at most ``MAX_K`` (4,096).
