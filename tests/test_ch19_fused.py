@@ -356,10 +356,10 @@ def check(got, ref, what, tol):
 
 torch.manual_seed(0)
 for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a few roundings
-    for m in (1, 2):
+    for m in (1, 2, 3):  # 3: a tile of 4 rows, the last masked off
         # one masked tile; three 1,024-wide tiles, the last masked; one 4,096-wide tile
         for n, k, tiles in ((8, 40, None), (12, 3000, (4, 1024)), (6, 4096, None)):
-            cfg = tf.FusedGemvConfig(2, *tiles, 4) if tiles else None
+            cfg = tf.FusedGemvConfig(4 if m > 2 else 2, *tiles, 4) if tiles else None
             x, xr = torch.randn(m, k), torch.randn(m, k)
             w, nw = torch.randn(n, k) / k ** 0.5, 1 + 0.1 * torch.randn(k)
             b, r = torch.randn(n), torch.randn(m, n)
@@ -378,7 +378,7 @@ for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 4e-2)):  # bf16: a fe
                 check(res, want, "add_residual " + what, tol)
     # the LM head (2 programs per SM, 4 SMs in the interpreter): 8 programs over 13 tiles of 8 rows (the
     # last tile masked, three programs' second turn empty), 5 programs over 5 tiles
-    for m in (1, 2):
+    for m in (1, 2, 3):
         for n, k in ((100, 64), (37, 40)):
             x, nw, w = torch.randn(m, k).to(dtype), (1 + 0.1 * torch.randn(k)).to(dtype), torch.randn(n, k).to(dtype)
             check(tlh.norm_lm_head(x, nw, 1e-6, w), torch_fused.norm_lm_head(x.float(), nw.float(), 1e-6, w.float()),
