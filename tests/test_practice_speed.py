@@ -124,6 +124,16 @@ def test_events_longer_than_the_wall_clock_are_rejected():
     assert "the reference's calls" in sr.detail and "wall clock saw take 0.0500 ms" in sr.detail
 
 
+def test_a_machine_slower_while_the_events_ran_is_not_a_tamper():
+    # measured on a 2-core CPU: both sides' events about twice their wall clock, the machine
+    # slower during the event rounds than during the wall-clock rounds
+    sr = speed.grade(raw(("store", 0.0354, 0.640, 0.0158, 0.356)), SPEED)
+    assert sr.verdict == TOO_SLOW, sr.detail
+    # one side's events past what the other side's drift allows: still Rejected
+    sr = speed.grade(raw(("store", 0.050, 0.640, 0.0158, 0.640)), SPEED)
+    assert sr.verdict == REJECTED and "the reference's calls" in sr.detail
+
+
 def test_a_pass_by_the_events_that_the_wall_clock_contradicts_is_rejected():
     # yours: 5 µs by the events, 400 µs by the wall clock (work on a stream the events miss)
     sr = speed.grade(raw(("prefill", 0.05, 0.005, 0.07, 0.40)), SPEED)

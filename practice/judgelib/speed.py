@@ -37,7 +37,9 @@ from .verdict import ACCEPTED, REJECTED, RUNTIME, TLE, TOO_SLOW, WRONG, Verdict
 
 METHOD = "CUDA events"
 WALL_SLACK = 0.5  # a pass by the events needs threshold * WALL_SLACK by the wall clock
-EVENT_SLACK = (1.25, 0.02)  # an event median may exceed its wall median by 25 % + 0.02 ms
+# An event median may exceed its wall median by 25 % + 0.02 ms, times however much the other
+# side's events exceed its own: a machine slower while the events ran slows both sides alike.
+EVENT_SLACK = (1.25, 0.02)
 
 
 def median(xs: List[float]) -> float:
@@ -169,11 +171,10 @@ def grade(raw: dict, speed: Speed) -> SpeedResult:
             return sr
     scale, plus = EVENT_SLACK
     for w in sr.workloads:
-        for who, ev, wall in (
-            ("your", w.mine_ms, w.mine_wall_ms),
-            ("the reference's", w.ref_ms, w.ref_wall_ms),
-        ):
-            if ev > wall * scale + plus:
+        sides = (("your", w.mine_ms, w.mine_wall_ms), ("the reference's", w.ref_ms, w.ref_wall_ms))
+        for (who, ev, wall), (_, other_ev, other_wall) in zip(sides, sides[::-1]):
+            drift = max(1.0, other_ev / other_wall) if other_wall > 0 else 1.0
+            if ev > wall * scale * drift + plus:
                 sr.verdict = REJECTED
                 sr.detail = (
                     f"{w.name}: the CUDA events measured {ev:.4f} ms for {who} calls, which "
