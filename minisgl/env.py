@@ -11,7 +11,8 @@ turns them off one after another):
 * ``MINISGL_DISABLE_FUSED_DECODE=1``: no fused decode path (``models/fused_decode.py``);
 * ``MINISGL_DISABLE_SPLIT_KV=1``: FlashInfer's decode attention at every batch size;
 * ``MINISGL_DISABLE_PDL=1``: chapter 19's kernels launched without programmatic dependent launch;
-* ``MINISGL_DISABLE_LM_HEAD_KERNEL=1``: the fused path's final norm and LM head on torch.
+* ``MINISGL_DISABLE_LM_HEAD_KERNEL=1``: the fused path's final norm and LM head on torch;
+* ``MINISGL_DISABLE_SAMPLE_KERNEL=1``: temperature sampling on FlashInfer, not the Gumbel-max kernel.
 
 Mirrors upstream ``minisgl.env`` (which has none of the kernel switches).
 """
@@ -51,6 +52,7 @@ class _Env:
         self.DISABLE_SPLIT_KV = EnvBool("MINISGL_DISABLE_SPLIT_KV")
         self.DISABLE_PDL = EnvBool("MINISGL_DISABLE_PDL")
         self.DISABLE_LM_HEAD_KERNEL = EnvBool("MINISGL_DISABLE_LM_HEAD_KERNEL")
+        self.DISABLE_SAMPLE_KERNEL = EnvBool("MINISGL_DISABLE_SAMPLE_KERNEL")
 
 
 ENV = _Env()

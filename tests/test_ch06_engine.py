@@ -130,6 +130,22 @@ def test_greedy_batches_skip_sampling():
     assert torch.equal(sampler.sample(logits, args), logits.argmax(-1))
 
 
+class _NoArgmax(torch.Tensor):
+    """Logits whose ``argmax`` fails: a sampler that takes one on them has wasted a read."""
+
+    def argmax(self, *args, **kwargs):
+        raise AssertionError("argmax taken for a batch with no greedy row")
+
+
+def test_a_batch_with_no_greedy_row_takes_no_argmax():
+    sampler = Sampler(torch.device("cpu"), vocab_size=10)
+    random = sampler.prepare(batch_of([SamplingParams(temperature=0.7)] * 3))
+    mixed = sampler.prepare(batch_of([SamplingParams(temperature=0.7), SamplingParams()]))
+    assert not random.any_greedy and mixed.any_greedy
+    tokens = sampler.sample(torch.randn(3, 10).as_subclass(_NoArgmax), random)
+    assert tokens.shape == (3,) and tokens.dtype == torch.int64
+
+
 def test_temperature_zero_with_top_p_is_greedy_not_a_division_by_zero():
     sampler = Sampler(torch.device("cpu"), vocab_size=10)
     logits = torch.randn(2, 10)

@@ -5,7 +5,8 @@
 A greedy-only batch skips everything but ``argmax``; otherwise the random draw is the
 kernel op ``sample``: the torch reference (``kernel/torch_sampling.py``) everywhere, and on
 CUDA with ``flashinfer`` installed FlashInfer's sampling kernels, which filter top-k/top-p
-by rejection sampling instead of sorting the vocabulary (chapter 17).
+by rejection sampling instead of sorting the vocabulary (chapter 17), or, for a draw with
+no filter, chapter 19's one-pass Gumbel-max kernel.
 
 A request with its own ``seed`` does not draw from the sampler's shared generator, whose
 stream every row of every batch consumes (so a row's draw would depend on its neighbours):
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 @dataclass
 class BatchSamplingArgs:
     """``None`` temperatures means the whole batch is greedy. Otherwise ``[B]`` tensors;
-    ``greedy`` marks the rows that take the argmax in a mixed batch. ``seeded_rows`` ``[R]``
+    ``greedy`` marks the rows that take the argmax in a mixed batch (``any_greedy``: whether
+    there may be one). ``seeded_rows`` ``[R]``
     are the random rows with their own seed, ``seed_keys`` their R generator seeds, and
     ``shared_draw`` whether any random row is left for the shared generator.
     ``logprob_rows`` (a list of row indices, and ``logprob_index`` the same ``[R]`` on the
@@ -45,6 +47,7 @@ class BatchSamplingArgs:
     top_k: torch.Tensor | None = None
     top_p: torch.Tensor | None = None
     greedy: torch.Tensor | None = None
+    any_greedy: bool = True  # False (from prepare) spares the argmax: no row is greedy
     seeded_rows: torch.Tensor | None = None
     seed_keys: List[int] = field(default_factory=list)
     shared_draw: bool = True
@@ -103,14 +106,18 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     def warm_up(self, dtype: torch.dtype) -> None:
-        """One draw from a ``[2, V]`` batch of ``dtype`` logits with a generator of its own.
-        FlashInfer builds its sampling kernels on first use (a minute or more on a fresh
-        machine), and a server whose first sampled request waits for that holds every other
-        request too; the sampler's own stream is left untouched."""
+        """Two draws from a ``[2, V]`` batch of ``dtype`` logits with a generator of its own,
+        one plain and one cut to the top 2 (on CUDA two kernels: chapter 19's and
+        FlashInfer's). Both are built on first use (FlashInfer's in a minute or more on a
+        fresh machine), and a server whose first sampled request waits for that holds every
+        other request too; the sampler's own stream is left untouched."""
         logits = torch.zeros(2, self.vocab_size, dtype=dtype, device=self.device)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(0)
-        sample_tokens(logits, torch.full((2,), 0.5, device=self.device), None, None, generator)
+        temperatures = torch.full((2,), 0.5, device=self.device)
+        top_2 = torch.full((2,), 2, dtype=torch.int64, device=self.device)
+        for top_k in (None, top_2):
+            sample_tokens(logits, temperatures, top_k, None, generator)
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         params = [r.sampling_params for r in batch.reqs]
@@ -134,6 +141,7 @@ class Sampler:
             else None,
             top_p=_to_device(top_ps, torch.float32, self.device) if min(top_ps) < 1.0 else None,
             greedy=_to_device([p.is_greedy for p in params], torch.bool, self.device),
+            any_greedy=any(p.is_greedy for p in params),
             seeded_rows=_to_device(seeded, torch.int64, self.device) if seeded else None,
             # keyed by the position of the token being drawn: device_len before the forward
             seed_keys=[
@@ -149,15 +157,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits: [B, V]`` -> token ids ``[B]`` int64."""
-        greedy_tokens = logits.argmax(dim=-1)
         if args.temperatures is None:
-            return greedy_tokens
+            return logits.argmax(dim=-1)
+        # the argmax reads every logit once more: only when some row is greedy
+        greedy_tokens = logits.argmax(dim=-1) if args.any_greedy else None
         if args.shared_draw:
             sampled = sample_tokens(
                 logits, args.temperatures, args.top_k, args.top_p, self.generator
             )
-        else:
-            sampled = greedy_tokens.clone()
+        else:  # every random row has its own seed (drawn below), the others take the argmax
+            sampled = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         rows = args.seeded_rows
         if rows is not None:
             sampled[rows] = sample_seeded(
@@ -167,7 +176,9 @@ class Sampler:
                 None if args.top_p is None else args.top_p[rows],
                 args.seed_keys,
             )
-        return torch.where(args.greedy, greedy_tokens, sampled)
+        return (
+            sampled if greedy_tokens is None else torch.where(args.greedy, greedy_tokens, sampled)
+        )
 
     def logprobs(
         self, logits: torch.Tensor, tokens: torch.Tensor, args: BatchSamplingArgs

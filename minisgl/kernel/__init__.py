@@ -11,7 +11,8 @@ runs the first one that
    20) on CUDA, when they import and ``MINISGL_TORCH_KERNELS`` is not set; Triton also on the
    CPU under ``TRITON_INTERPRET=1``, which is how the CPU tests run its kernels;
 3. is not switched off by its ``ENV`` switch (``MINISGL_DISABLE_GEMV``,
-   ``MINISGL_DISABLE_LM_HEAD_KERNEL``: for measuring what a kernel saves); and
+   ``MINISGL_DISABLE_LM_HEAD_KERNEL``, ``MINISGL_DISABLE_SAMPLE_KERNEL``: for measuring what
+   a kernel saves); and
 4. takes the call's arguments (its ``accepts`` check on dtypes, shapes and strides).
 
 The torch references come last and take every call: ``torch_ops`` for the model's ops
@@ -82,6 +83,17 @@ def _fi_sample(logits: torch.Tensor, *_: Any) -> bool:
     return logits.dtype in HALF  # a float32 model keeps the torch sampler, run for run
 
 
+def _gumbel_fits(logits: torch.Tensor, temperatures, top_k, top_p, *_: Any) -> bool:
+    return (
+        logits.dtype in HALF
+        and logits.dim() == 2
+        and logits.stride(-1) == 1
+        and top_k is None
+        and top_p is None
+        and logits.numel() < 2**31  # the noise's counter is an int32
+    )
+
+
 def _gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
     return (
         x.dim() == 2
@@ -129,8 +141,9 @@ OPS: Dict[str, Tuple[Impl, ...]] = {
         _torch("embedding_gather"),
     ),
     "store_cache": (Impl("triton", "triton.store", "store_cache"), _torch("store_cache")),
-    # sampling (chapters 6, 17)
+    # sampling (chapters 6, 17, 19)
     "sample": (
+        Impl("triton", "triton.sample", "gumbel_sample", _gumbel_fits, "DISABLE_SAMPLE_KERNEL"),
         Impl("flashinfer", "fi_ops", "sample", _fi_sample),
         _torch("sample", "torch_sampling"),
     ),

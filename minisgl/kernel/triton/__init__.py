@@ -5,6 +5,7 @@
 * ``fused``: the layer's GEMVs of a decode step, with the norm, SwiGLU and residual add fused in;
 * ``lm_head``: the final norm and the LM head in one persistent kernel;
 * ``decode``: split-KV decode attention for a few requests;
+* ``sample``: temperature sampling in one pass over the logits (the Gumbel-max trick);
 * ``moe``: the grouped GEMM of a mixture of experts (chapter 20);
 * ``pdl``, ``timeline``, ``checks``: what the kernels share (programmatic dependent launch,
   per-program timestamps, the host-side checks of their operands).
