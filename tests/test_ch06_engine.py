@@ -146,6 +146,28 @@ def test_a_batch_with_no_greedy_row_takes_no_argmax():
     assert tokens.shape == (3,) and tokens.dtype == torch.int64
 
 
+def test_a_greedy_rows_filters_do_not_filter_the_shared_draw():
+    """A greedy row takes the argmax whatever its top-k or top-p; left in the batch's filter
+    tensors they would send every other row to the filtered sampler (chapter 19)."""
+    sampler = Sampler(torch.device("cpu"), vocab_size=10)
+    args = sampler.prepare(
+        batch_of(
+            [
+                SamplingParams(temperature=0.0, top_p=0.5),
+                SamplingParams(top_k=1, temperature=0.5),
+                SamplingParams(temperature=0.7),
+            ]
+        )
+    )
+    assert args.top_k is None and args.top_p is None
+    filtered = sampler.prepare(
+        batch_of(
+            [SamplingParams(temperature=0.0, top_p=0.5), SamplingParams(top_k=3, temperature=0.7)]
+        )
+    )
+    assert filtered.top_k.tolist() == [10, 3] and filtered.top_p is None
+
+
 def test_temperature_zero_with_top_p_is_greedy_not_a_division_by_zero():
     sampler = Sampler(torch.device("cpu"), vocab_size=10)
     logits = torch.randn(2, 10)

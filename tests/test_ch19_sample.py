@@ -51,9 +51,10 @@ def check_frequencies(sample, device: str, dtype: torch.dtype, rows: int, vocab:
 
 
 def check_peaks(sample, device: str, dtype: torch.dtype, rows: int, vocab: int) -> None:
-    """One near-certain token per row, anywhere in it: the best scores of a row's parts and
-    loop iterations are compared right, and each row reads its own logits."""
-    peaks = torch.arange(rows, device=device) * 7919 % vocab
+    """One near-certain token per row, anywhere in it (row 0's in the last, masked block):
+    the best scores of a row's parts and loop iterations are compared right, and each row
+    reads its own logits."""
+    peaks = (torch.arange(rows, device=device) * 7919 - 1) % vocab  # row 0: the last logit
     spiky = torch.full((rows, vocab), -30.0, device=device)
     spiky[torch.arange(rows, device=device), peaks] = 30.0
     gen = torch.Generator(device=device).manual_seed(0)

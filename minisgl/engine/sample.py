@@ -5,8 +5,8 @@
 A greedy-only batch skips everything but ``argmax``; otherwise the random draw is the
 kernel op ``sample``: the torch reference (``kernel/torch_sampling.py``) everywhere, and on
 CUDA with ``flashinfer`` installed FlashInfer's sampling kernels, which filter top-k/top-p
-by rejection sampling instead of sorting the vocabulary (chapter 17), or, for a draw with
-no filter, chapter 19's one-pass Gumbel-max kernel.
+by rejection sampling instead of sorting the vocabulary (chapter 17); where Triton runs, a
+draw with no filter takes chapter 19's one-pass Gumbel-max kernel instead.
 
 A request with its own ``seed`` does not draw from the sampler's shared generator, whose
 stream every row of every batch consumes (so a row's draw would depend on its neighbours):
@@ -130,8 +130,10 @@ class Sampler:
                 None, logprob_rows=logprob_rows, logprob_index=index, top_logprobs=top
             )
         temps = [1.0 if p.is_greedy else p.temperature for p in params]
-        top_ks = [p.top_k if p.top_k >= 1 else self.vocab_size for p in params]
-        top_ps = [p.top_p for p in params]
+        # a greedy row's filters are moot (it takes the argmax), and would cost the batch the
+        # unfiltered draw's kernel (chapter 19)
+        top_ks = [p.top_k if p.top_k >= 1 and not p.is_greedy else self.vocab_size for p in params]
+        top_ps = [1.0 if p.is_greedy else p.top_p for p in params]
         random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
         seeded = [i for i in random_rows if params[i].seed is not None]
         return BatchSamplingArgs(

@@ -2,7 +2,8 @@
 
 The engine's ``Sampler`` (chapter 6) calls the kernel op ``sample``; this module is its
 implementation everywhere, and on CUDA FlashInfer's rejection sampler (``fi_ops.sample``,
-chapter 17) takes its place for fp16/bf16 models. Mirrors upstream
+chapter 17) takes its place for fp16/bf16 models, or, for a draw with no top-k or top-p,
+chapter 19's Gumbel-max kernel (``triton/sample.py``). Mirrors upstream
 ``minisgl.engine.sample`` (whose torch path sorts the vocabulary the same way).
 """
 

@@ -5,11 +5,13 @@ index of the largest ``x_i / T + G_i`` is token ``i`` with probability ``softmax
 a sample without a softmax. FlashInfer's path (``fi_ops.sample``) converts the bf16 logits
 to float32, writes the probabilities and reads them again to draw; at 256 requests and
 Qwen3's 151,936-token vocabulary that is about 0.7 GB of traffic and five kernels per step.
-This kernel reads each bf16 logit once: program ``(b, p)`` scans part ``p`` of row ``b``,
-adds noise from Philox (``tl.rand``, keyed by the row and the token) and keeps its best
-score; ``argmax`` over the parts picks the token. It serves draws without top-k or top-p
-(the offline benchmark's, and any request that sets only a temperature); a filtered draw
-stays on FlashInfer's rejection sampler.
+This kernel reads each bf16 logit once. A row is cut into *parts* of whole blocks of
+``BLOCK`` logits, so that a batch of any size has up to about ``TARGET_PROGRAMS`` programs:
+program ``(b, p)`` scans part ``p`` of row ``b``, adds noise from Philox (``tl.rand``, seeded
+once per draw, counted by row and token) and keeps its best score; an ``argmax`` over the
+parts' best scores picks the token. It serves a batch whose random rows set no top-k or
+top-p (the offline benchmark's, and any batch whose requests set only a temperature); a
+filtered draw stays on FlashInfer's rejection sampler.
 
 The seed of each draw comes from the sampler's ``torch.Generator``, so a run with the same
 seed draws the same tokens; they are not FlashInfer's tokens for that seed (another stream
@@ -59,6 +61,7 @@ def _gumbel_max_kernel(
         best = tl.where(better, score, best)
         best_cols = tl.where(better, cols, best_cols)
     score, lane = tl.max(best, axis=0, return_indices=True)
+    # best_cols[lane]: a block cannot be indexed by a scalar, so sum the one lane that matches
     token = tl.sum(tl.where(tl.arange(0, BLOCK) == lane, best_cols, 0), axis=0)
     tl.store(best_score_ptr + row * num_parts + part, score)
     tl.store(best_token_ptr + row * num_parts + part, token)
@@ -86,9 +89,10 @@ def gumbel_sample(
         raise ValueError(f"gumbel_sample takes B * V < 2**31 logits, got {batch} x {vocab}")
     num_parts = max(1, min(triton.cdiv(TARGET_PROGRAMS, batch), triton.cdiv(vocab, BLOCK)))
     part_len = triton.cdiv(triton.cdiv(vocab, num_parts), BLOCK) * BLOCK
-    num_parts = triton.cdiv(vocab, part_len)  # rounding up the parts may leave one empty
+    num_parts = triton.cdiv(vocab, part_len)  # parts rounded up to whole blocks: fewer may do
     device = logits.device
-    seed = torch.randint(0, 2**31 - 1, (1,), device=device, generator=generator)
+    # 62 bits: a draw's seed does not come back in any run a server lives through
+    seed = torch.randint(0, 2**62, (1,), device=device, generator=generator)
     best_score = torch.empty(batch, num_parts, device=device, dtype=torch.float32)
     best_token = torch.empty(batch, num_parts, device=device, dtype=torch.int32)
     _gumbel_max_kernel[(batch, num_parts)](
