@@ -4,7 +4,7 @@ With ``G_i`` independent standard Gumbel noise (``-log(-log(U_i))``, ``U_i`` uni
 index of the largest ``x_i / T + G_i`` is token ``i`` with probability ``softmax(x / T)_i``:
 a sample without a softmax. FlashInfer's path (``fi_ops.sample``) converts the bf16 logits
 to float32, writes the probabilities and reads them again to draw; at 256 requests and
-Qwen3's 151,936-token vocabulary that is about 0.7 GB of traffic and five kernels per step.
+Qwen3's 151,936-token vocabulary that is about 0.7 GB of traffic and three kernels per step.
 This kernel reads each bf16 logit once. A row is cut into *parts* of whole blocks of
 ``BLOCK`` logits, so that a batch of any size has up to about ``TARGET_PROGRAMS`` programs:
 program ``(b, p)`` scans part ``p`` of row ``b``, adds noise from Philox (``tl.rand``, seeded
