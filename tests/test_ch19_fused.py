@@ -22,8 +22,7 @@ from minisgl.attention.split_kv import SPLIT_KV_MAX_BS
 from minisgl.benchmark import manual
 from minisgl.kernel import torch_fused, torch_ops
 from minisgl.models import fused_decode
-from tests.helpers import MODELS, SMOLLM2, hf_encode
-from tests.test_ch19_split_kv import interpret
+from tests.helpers import MODELS, SMOLLM2, hf_encode, interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(

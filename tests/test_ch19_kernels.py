@@ -11,9 +11,6 @@ GEMV at Qwen3-0.6B's) and timed against the references.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,7 +19,7 @@ import torch.nn.functional as F
 
 from minisgl import kernel
 from minisgl.kernel import torch_ops
-from tests.helpers import ROOT
+from tests.helpers import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -75,19 +72,7 @@ def test_triton_kernels_match_the_reference_in_the_interpreter():
         print("interpreter ok")
         """
     )
-    env = dict(
-        os.environ,
-        TRITON_INTERPRET="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = interpret(script, timeout=300)
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 
@@ -172,20 +157,7 @@ def test_gemv_matches_f_linear_in_the_interpreter():
         print(f"interpreter ok, {cases} cases")
         """
     )
-    env = dict(
-        os.environ,
-        TRITON_INTERPRET="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    res = interpret(script, timeout=600)
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 

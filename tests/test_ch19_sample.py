@@ -12,16 +12,13 @@ iterations; on a GPU at Qwen3's vocabulary of 151,936 tokens.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from minisgl import kernel
-from tests.helpers import ROOT
+from tests.helpers import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 PROBS = [0.5, 0.25, 0.125, 0.0625, 0.0625]
@@ -78,19 +75,7 @@ def test_gumbel_sampling_follows_the_distribution_in_the_interpreter():
         print("interpreter ok")
         """
     )
-    env = dict(
-        os.environ,
-        TRITON_INTERPRET="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = interpret(script, timeout=300)
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 

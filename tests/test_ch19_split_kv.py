@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 from minisgl.kernel import torch_ops
-from tests.helpers import ROOT
+from tests.helpers import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
@@ -126,19 +122,6 @@ finally:
     torch.empty = real_empty
 print("decode ok")
 """
-
-
-def interpret(script: str, *args: str) -> subprocess.CompletedProcess:
-    """``script`` in a fresh process with Triton's interpreter on (read at import)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @needs_triton

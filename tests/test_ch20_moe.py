@@ -11,9 +11,6 @@ the engine with the fused backend against ``transformers``, and a timing.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -30,7 +27,7 @@ from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.moe.routing import fused_topk, moe_align_block_size
 from minisgl.moe.torch_backend import TorchMoe
 from minisgl.utils import cached_load_hf_config, torch_dtype
-from tests.helpers import DEVICE, MODELS, ROOT, ensure_model, hf_greedy
+from tests.helpers import DEVICE, MODELS, ensure_model, hf_greedy, interpret
 
 QWEN3_MOE = MODELS / "tiny-qwen3-moe"
 PROMPTS = [
@@ -365,20 +362,7 @@ def test_triton_kernel_matches_torch_in_the_interpreter():
         print("interpreter ok")
         """
     )
-    env = dict(
-        os.environ,
-        TRITON_INTERPRET="1",
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    res = interpret(script, timeout=300)
     assert res.returncode == 0 and "interpreter ok" in res.stdout, res.stderr[-3000:]
 
 
