@@ -125,16 +125,19 @@ class Sampler:
         # copied ahead, like the other tensors: no blocking copy after the forward pass
         index = _to_device(logprob_rows, torch.int64, self.device) if logprob_rows else None
         top = max((params[i].logprobs or 0 for i in logprob_rows), default=0)
-        if all(p.is_greedy for p in params):
+        greedy = [p.is_greedy for p in params]
+        if all(greedy):
             return BatchSamplingArgs(
                 None, logprob_rows=logprob_rows, logprob_index=index, top_logprobs=top
             )
-        temps = [1.0 if p.is_greedy else p.temperature for p in params]
+        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         # a greedy row's filters are moot (it takes the argmax), and would cost the batch the
         # unfiltered draw's kernel (chapter 19)
-        top_ks = [p.top_k if p.top_k >= 1 and not p.is_greedy else self.vocab_size for p in params]
-        top_ps = [1.0 if p.is_greedy else p.top_p for p in params]
-        random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        top_ks = [
+            p.top_k if p.top_k >= 1 and not g else self.vocab_size for p, g in zip(params, greedy)
+        ]
+        top_ps = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+        random_rows = [i for i, g in enumerate(greedy) if not g]
         seeded = [i for i in random_rows if params[i].seed is not None]
         return BatchSamplingArgs(
             temperatures=_to_device(temps, torch.float32, self.device),
@@ -142,8 +145,8 @@ class Sampler:
             if min(top_ks) < self.vocab_size
             else None,
             top_p=_to_device(top_ps, torch.float32, self.device) if min(top_ps) < 1.0 else None,
-            greedy=_to_device([p.is_greedy for p in params], torch.bool, self.device),
-            any_greedy=any(p.is_greedy for p in params),
+            greedy=_to_device(greedy, torch.bool, self.device),
+            any_greedy=any(greedy),
             seeded_rows=_to_device(seeded, torch.int64, self.device) if seeded else None,
             # keyed by the position of the token being drawn: device_len before the forward
             seed_keys=[
