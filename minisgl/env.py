@@ -12,7 +12,9 @@ turns them off one after another):
 * ``MINISGL_DISABLE_SPLIT_KV=1``: FlashInfer's decode attention at every batch size;
 * ``MINISGL_DISABLE_PDL=1``: chapter 19's kernels launched without programmatic dependent launch;
 * ``MINISGL_DISABLE_LM_HEAD_KERNEL=1``: the fused path's final norm and LM head on torch;
-* ``MINISGL_DISABLE_SAMPLE_KERNEL=1``: temperature sampling on FlashInfer, not the Gumbel-max kernel.
+* ``MINISGL_DISABLE_SAMPLE_KERNEL=1``: temperature sampling on FlashInfer, not the Gumbel-max kernel;
+* ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1``: decodes of 64 requests or more on FlashInfer, not
+  the pipelined batch kernel.
 
 Mirrors upstream ``minisgl.env`` (which has none of the kernel switches).
 """
@@ -53,6 +55,7 @@ class _Env:
         self.DISABLE_PDL = EnvBool("MINISGL_DISABLE_PDL")
         self.DISABLE_LM_HEAD_KERNEL = EnvBool("MINISGL_DISABLE_LM_HEAD_KERNEL")
         self.DISABLE_SAMPLE_KERNEL = EnvBool("MINISGL_DISABLE_SAMPLE_KERNEL")
+        self.DISABLE_DECODE_BATCH_KERNEL = EnvBool("MINISGL_DISABLE_DECODE_BATCH_KERNEL")
 
 
 ENV = _Env()

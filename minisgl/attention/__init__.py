@@ -1,5 +1,6 @@
 """Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA;
-``split_kv`` (chapter 19) for decode batches of up to four requests, over either.
+``split_kv`` (chapter 19) for decode batches of up to four requests and of 64 or more, over
+either.
 
 ``"prefill_name,decode_name"`` builds a ``HybridBackend`` (``"fi,torch"``, ``"torch,fi"``).
 A backend module is imported only when its name is asked for, so the CPU never imports
@@ -52,8 +53,9 @@ def _flashinfer_backend(config: ModelConfig) -> BaseAttnBackend:
 
 @ATTENTION_BACKENDS.register("split_kv")
 def _split_kv_backend(config: ModelConfig) -> BaseAttnBackend:
-    """Chapter 19: decode batches of up to four requests on the split-KV kernel; every other
-    batch on FlashInfer (an fp16/bf16 pool on CUDA) or the torch backend."""
+    """Chapter 19: decode batches of up to four requests on the split-KV kernel, of 64 or more
+    on the batch kernel; every other batch on FlashInfer (an fp16/bf16 pool on CUDA) or the
+    torch backend."""
     from .split_kv import SplitKVBackend
 
     pool = get_global_ctx().kv_cache

@@ -1,4 +1,5 @@
-"""Decode attention for up to four requests on chapter 19's split-KV kernel.
+"""Decode attention on chapter 19's Triton kernels: the split-KV kernel for up to four
+requests, the pipelined batch kernel from 64.
 
 One request's decode attention has only ``H_kv`` independent pieces of work, far too few
 for a GPU, and FlashInfer splits a context only at page boundaries. The split-KV kernel
@@ -6,17 +7,21 @@ for a GPU, and FlashInfer splits a context only at page boundaries. The split-KV
 whatever the page size, so a single request's KV is read by the whole GPU. This backend
 sends it the decode batches of at most ``SPLIT_KV_MAX_BS`` requests, when no request can be
 longer than ``SPLIT_KV_MAX_SEQ_LEN`` tokens (the kernel's loop count is fixed at compile
-time from the longest possible context, so one CUDA graph serves every length); every
-other batch goes to ``fallback`` (FlashInfer on CUDA), the way ``HybridBackend`` sends
-prefill and decode batches to two backends.
+time from the longest possible context, so one CUDA graph serves every length). Decode
+batches of ``DECODE_BATCH_MIN_BS`` requests or more, which fill the GPU without a split, go
+to the batch kernel (``kernel.decode_attention_batch``, ``triton/decode_batch.py``), which
+keeps several tiles of each program in flight; every other batch goes to ``fallback``
+(FlashInfer on CUDA), the way ``HybridBackend`` sends prefill and decode batches to two
+backends.
 
-The kernel reads FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
+Both kernels read FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
 tensors, ``SplitKVMetadata``. For a CUDA graph the index is copied into fixed buffers before
 each replay: three copies, and no planning on the host at all. On the fused decode path
 (``models/fused_decode.py``) ``forward_qkv`` takes the qkv GEMV's raw output and the kernel
 also does the q/k norms, RoPE and the KV store. ``MINISGL_DISABLE_SPLIT_KV=1`` keeps the
-engine on FlashInfer alone. Upstream mini-sglang uses FlashInfer's decode kernel at every
-batch size; this backend is the book's own.
+engine on FlashInfer alone, ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1`` the large batches.
+Upstream mini-sglang uses FlashInfer's decode kernel at every batch size; this backend is
+the book's own.
 """
 
 from __future__ import annotations
@@ -27,7 +32,13 @@ from typing import TYPE_CHECKING, List, Optional
 import torch
 
 from minisgl.core import get_global_ctx
-from minisgl.kernel import decode_attention, decode_attention_qkv
+from minisgl.env import ENV
+from minisgl.kernel import (
+    decode_attention,
+    decode_attention_batch,
+    decode_attention_batch_qkv,
+    decode_attention_qkv,
+)
 from minisgl.utils import div_ceil
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -39,11 +50,12 @@ if TYPE_CHECKING:
 
 SPLIT_KV_MAX_BS = 4  # the fused decode path's largest batch: there it attends from qkv
 SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
+DECODE_BATCH_MIN_BS = 64  # from here B x H_kv programs fill the GPU; below, FlashInfer's split wins
 
 
 @dataclass
 class SplitKVMetadata(BaseAttnMetadata):
-    """A decode batch's paged KV index, on the device, as the split-KV kernel reads it:
+    """A decode batch's paged KV index, on the device, as both kernels read it:
     request ``b``'s pages are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]`` and its last page
     holds ``kv_last_page_len[b]`` tokens. Under a CUDA graph these are views of the graph's
     fixed buffers."""
@@ -71,13 +83,17 @@ class QKNormRope:
 
 class SplitKVBackend(BaseAttnBackend):
     """``num_qo_heads``/``num_kv_heads`` are this rank's heads; ``fallback`` runs every batch
-    that ``takes`` declines, and its CUDA graphs."""
+    that ``takes`` declines, and its CUDA graphs. ``batch_kernel`` (from
+    ``MINISGL_DISABLE_DECODE_BATCH_KERNEL`` when the backend is built) says whether decodes of
+    ``DECODE_BATCH_MIN_BS`` or more run here; set it before the graphs are captured."""
 
     def __init__(
         self, fallback: BaseAttnBackend, num_qo_heads: int, num_kv_heads: int, head_dim: int
     ) -> None:
         ctx = get_global_ctx()
         self.fallback = fallback
+        # read once: the CUDA graphs of 64 and more are captured on whichever it picks
+        self.batch_kernel = not ENV.DISABLE_DECODE_BATCH_KERNEL
         self.kv_cache: MHAKVCache = ctx.kv_cache  # type: ignore[assignment]
         self.page_size = ctx.page_size
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
@@ -86,12 +102,19 @@ class SplitKVBackend(BaseAttnBackend):
 
     def takes(self, batch: Batch) -> bool:
         """Whether ``batch`` runs here: a decode of at most ``SPLIT_KV_MAX_BS`` requests, in an
-        engine whose requests are at most ``SPLIT_KV_MAX_SEQ_LEN`` tokens long."""
-        return (
-            batch.is_decode
-            and batch.padded_size <= SPLIT_KV_MAX_BS
-            and get_global_ctx().page_table.shape[1] <= SPLIT_KV_MAX_SEQ_LEN
+        engine whose requests are at most ``SPLIT_KV_MAX_SEQ_LEN`` tokens long (the split-KV
+        kernel), or of at least ``DECODE_BATCH_MIN_BS`` (the batch kernel)."""
+        return batch.is_decode and (
+            self._splits(batch.padded_size) or self._batches(batch.padded_size)
         )
+
+    def _splits(self, bs: int) -> bool:
+        return (
+            bs <= SPLIT_KV_MAX_BS and get_global_ctx().page_table.shape[1] <= SPLIT_KV_MAX_SEQ_LEN
+        )
+
+    def _batches(self, bs: int) -> bool:
+        return self.batch_kernel and bs >= DECODE_BATCH_MIN_BS
 
     def prepare_metadata(self, batch: Batch) -> None:
         if not self.takes(batch):
@@ -112,13 +135,16 @@ class SplitKVBackend(BaseAttnBackend):
         if not isinstance(meta, SplitKVMetadata):
             return self.fallback.forward(q, k, v, layer_id, batch)
         self.kv_cache.store_kv(k, v, batch.out_loc, layer_id)
+        slots = (self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id))
+        index = (meta.kv_indptr, meta.kv_page_ids, meta.kv_last_page_len)
+        if self._batches(batch.padded_size):
+            return decode_attention_batch(
+                q.contiguous(), *slots, *index, self.page_size, self.head_dim**-0.5
+            )
         return decode_attention(
             q.contiguous(),
-            self.kv_cache.k_slots(layer_id),
-            self.kv_cache.v_slots(layer_id),
-            meta.kv_indptr,
-            meta.kv_page_ids,
-            meta.kv_last_page_len,
+            *slots,
+            *index,
             page_size=self.page_size,
             sm_scale=self.head_dim**-0.5,
             max_seq_len=get_global_ctx().page_table.shape[1],
@@ -128,8 +154,9 @@ class SplitKVBackend(BaseAttnBackend):
         self, qkv: torch.Tensor, rope: QKNormRope, layer_id: int, batch: Batch
     ) -> torch.Tensor:
         """The attention layer from the qkv GEMV's output ``qkv: [B, (H_q + 2 H_kv) D]`` ->
-        ``[B, H_q, D]``: q/k norms, RoPE, the KV store and the attention in the kernel's two
-        launches. Only for a batch this backend ``takes``.
+        ``[B, H_q, D]``: q/k norms, RoPE, the KV store and the attention inside the kernels
+        (the split-KV kernel's two launches, or the batch kernel's one). Only for a batch
+        this backend ``takes``.
 
         Raises:
             ValueError: for a batch whose metadata is not this backend's.
@@ -137,33 +164,33 @@ class SplitKVBackend(BaseAttnBackend):
         meta = batch.attn_metadata
         if not isinstance(meta, SplitKVMetadata):
             raise ValueError("forward_qkv needs a batch prepared by the split-KV backend")
+        qk = (batch.positions, rope.cos_sin_cache, rope.q_norm, rope.k_norm, rope.eps)
+        slots = (self.kv_cache.k_slots(layer_id), self.kv_cache.v_slots(layer_id), batch.out_loc)
+        index = (meta.kv_indptr, meta.kv_page_ids, meta.kv_last_page_len)
+        scale = self.head_dim**-0.5
+        if self._batches(batch.padded_size):
+            return decode_attention_batch_qkv(
+                qkv, *qk, *slots, *index, self.page_size, scale, self.num_qo_heads
+            )
         return decode_attention_qkv(
             qkv,
-            batch.positions,
-            rope.cos_sin_cache,
-            rope.q_norm,
-            rope.k_norm,
-            rope.eps,
-            self.kv_cache.k_slots(layer_id),
-            self.kv_cache.v_slots(layer_id),
-            batch.out_loc,
-            meta.kv_indptr,
-            meta.kv_page_ids,
-            meta.kv_last_page_len,
+            *qk,
+            *slots,
+            *index,
             page_size=self.page_size,
-            sm_scale=self.head_dim**-0.5,
+            sm_scale=scale,
             max_seq_len=get_global_ctx().page_table.shape[1],
             num_qo_heads=self.num_qo_heads,
         )
 
-    # ---- CUDA graphs (chapter 18): up to SPLIT_KV_MAX_BS requests here, the rest the fallback's
+    # ---- CUDA graphs (chapter 18): the sizes this backend takes here, the rest the fallback's
     @property
     def supports_cuda_graph(self) -> bool:
         return self.fallback.supports_cuda_graph
 
     def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
         self.fallback.init_capture_graph(max_seq_len, bs_list)
-        max_bs = min(max(bs_list), SPLIT_KV_MAX_BS)
+        max_bs = max((bs for bs in bs_list if self._splits(bs) or self._batches(bs)), default=1)
         self._graph_index = SplitKVMetadata(
             kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
             kv_page_ids=torch.zeros(

@@ -160,14 +160,14 @@ class Engine:
         except ImportError:
             logger.warning("flashinfer is not installed: using the torch attention backend")
             return "torch"
-        # chapter 19: decodes of up to four requests on the split-KV kernel, where it runs
+        # chapter 19: decodes of up to four requests, and of 64 or more, on its kernels, where they run
         if has_kernel("decode_attention", "triton", self.device) and not self._env_off("SPLIT_KV"):
             return "split_kv"
         return "fi"
 
     def _fuse_decode(self, model: BaseLLMModel) -> BaseLLMModel:
-        """Chapter 19: decode steps of up to four requests on the fused path, where its
-        Triton kernels run (``models/fused_decode.py``); any other model is returned as is."""
+        """Chapter 19: decode steps of up to four requests on the fused path (and the attention
+        of those of 64 or more from qkv), where its Triton kernels run (``models/fused_decode.py``); any other model is returned as is."""
         if not has_kernel("norm_linear", "triton", self.device):
             return model
         from minisgl.models.fused_decode import FusedDecodeLM, fusable

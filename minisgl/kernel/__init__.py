@@ -17,10 +17,10 @@ runs the first one that
 
 The torch references come last and take every call: ``torch_ops`` for the model's ops
 (chapter 2), ``torch_sampling`` (chapter 6), ``torch_fused`` for the fused decode path's ops
-(chapter 19). Two ops have no reference at this level (the split-KV decode attention and the
-MoE grouped GEMM: their backends are chosen only where Triton runs, and the torch attention
-and MoE backends are their references), and raise ``RuntimeError`` where no kernel takes a
-call. The choice costs a few attribute reads per call; inside a CUDA graph it is made once,
+(chapter 19). The decode attentions (split-KV and batch, from q and from qkv) and the MoE
+grouped GEMM have no reference at this level (their backends are chosen only where Triton
+runs, and the torch attention and MoE backends are their references), and raise
+``RuntimeError`` where no kernel takes a call. The choice costs a few attribute reads per call; inside a CUDA graph it is made once,
 at capture. ``library_for(op, ...)`` says which library a call would use.
 
 Mirrors upstream ``minisgl.kernel`` (which has no choice to make: upstream is CUDA only,
@@ -164,6 +164,10 @@ OPS: Dict[str, Tuple[Impl, ...]] = {
     ),
     "decode_attention": (Impl("triton", "triton.decode", "decode_attention"),),
     "decode_attention_qkv": (Impl("triton", "triton.decode", "decode_attention_qkv"),),
+    "decode_attention_batch": (Impl("triton", "triton.decode_batch", "decode_attention_batch"),),
+    "decode_attention_batch_qkv": (
+        Impl("triton", "triton.decode_batch", "decode_attention_batch_qkv"),
+    ),
     # mixture of experts (chapter 20)
     "moe_grouped_gemm": (Impl("triton", "triton.moe", "fused_moe_kernel_triton"),),
 }
@@ -392,6 +396,20 @@ def decode_attention_qkv(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> torch.
     return _run("decode_attention_qkv", qkv, *args, **kwargs)
 
 
+def decode_attention_batch(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Attention of one query per request for a large batch, a pipelined program per
+    (request, KV head): ``q: [B, H_q, D]`` -> ``[B, H_q, D]``
+    (``triton.decode_batch.decode_attention_batch`` gives the arguments)."""
+    return _run("decode_attention_batch", q, *args, **kwargs)
+
+
+def decode_attention_batch_qkv(qkv: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The same from the qkv GEMV's output, with the q/k norms, RoPE and the KV store
+    inside: ``qkv: [B, (H_q + 2 H_kv) D]`` -> ``[B, H_q, D]``
+    (``triton.decode_batch.decode_attention_batch_qkv``)."""
+    return _run("decode_attention_batch_qkv", qkv, *args, **kwargs)
+
+
 def moe_grouped_gemm(a: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     """``C[s] = A[s // top_k] @ B[expert(s)].T`` for every routing slot ``s``, in place in
     ``C`` (``triton.moe.fused_moe_kernel_triton`` gives the arguments)."""
@@ -405,6 +423,8 @@ __all__ = [
     "Impl",
     "apply_rotary",
     "decode_attention",
+    "decode_attention_batch",
+    "decode_attention_batch_qkv",
     "decode_attention_qkv",
     "embedding_gather",
     "fused_add_rms_norm",

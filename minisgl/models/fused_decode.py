@@ -1,5 +1,6 @@
 """Chapter 19's decode step of up to four requests: each layer in four GEMV kernels and the
-attention, the final norm inside the LM head.
+attention, the final norm inside the LM head. From 64 requests, the model's own layers with
+the attention from the raw ``qkv``.
 
 At decode batch 1 a step is about fifteen kernels per layer, and each costs a few
 microseconds however little it does, so the step's time is the kernel count, not the bytes.
@@ -16,11 +17,14 @@ This path walks the same model's layers and calls the fused kernel ops on their 
 
 The dataflow carries the residual stream alone (``residual: [B, hidden]``, updated in
 place), where the unfused layers carry ``(x, residual)`` and fuse each add into the next
-norm. ``FusedDecodeLM`` wraps a model the way ``torch.compile`` does: decode batches the path
-``takes`` run here, every other batch and every attribute are the model's own. It needs one
-rank (each layer's whole output is added into the residual) and dense MLPs. The engine wraps
-its model where the fused kernels run in Triton; ``MINISGL_DISABLE_FUSED_DECODE=1`` keeps the
-unfused path. Upstream mini-sglang has no fused decode path; this module is the book's own.
+norm. A decode of ``DECODE_BATCH_MIN_BS`` requests or more on the split-KV backend's batch
+kernel (``takes_large``) runs the unfused layers, except that the attention starts from the
+``qkv`` output there too. ``FusedDecodeLM`` wraps a model the way ``torch.compile`` does:
+decode batches the paths take run here, every other batch and every attribute are the
+model's own. It needs one rank (each layer's whole output is added into the residual) and
+dense MLPs. The engine wraps its model where the fused kernels run in Triton;
+``MINISGL_DISABLE_FUSED_DECODE=1`` keeps the unfused path at every batch size. Upstream
+mini-sglang has no fused decode path; this module is the book's own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ from typing import Any
 
 import torch
 
-from minisgl.attention.split_kv import QKNormRope, SplitKVBackend, SplitKVMetadata
+from minisgl.attention.split_kv import (
+    DECODE_BATCH_MIN_BS,
+    QKNormRope,
+    SplitKVBackend,
+    SplitKVMetadata,
+)
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
 from minisgl.kernel import HALF, linear_add_residual_, norm_linear, norm_lm_head
@@ -57,6 +66,21 @@ def takes(model: CausalLM, batch: Batch) -> bool:
     return (
         batch.is_decode
         and batch.padded_size <= FUSED_DECODE_MAX_BS
+        and model.model.embed_tokens.weight.dtype in HALF
+        and not ENV.DISABLE_FUSED_DECODE
+    )
+
+
+def takes_large(model: CausalLM, batch: Batch) -> bool:
+    """Whether ``batch`` runs the model's own layers with the attention from ``qkv``: a decode
+    that the split-KV backend sends to its batch kernel (``DECODE_BATCH_MIN_BS`` requests or
+    more), an fp16/bf16 model, and ``MINISGL_DISABLE_FUSED_DECODE`` not set."""
+    from minisgl.env import ENV
+
+    return (
+        batch.is_decode
+        and batch.padded_size >= DECODE_BATCH_MIN_BS
+        and isinstance(batch.attn_metadata, SplitKVMetadata)
         and model.model.embed_tokens.weight.dtype in HALF
         and not ENV.DISABLE_FUSED_DECODE
     )
@@ -102,8 +126,24 @@ def forward(model: CausalLM, batch: Batch) -> torch.Tensor:
     return norm_lm_head(residual, norm.weight, norm.eps, model.lm_head.weight)
 
 
+def forward_large(model: CausalLM, batch: Batch) -> torch.Tensor:
+    """A large decode step -> logits ``[B, V]``: the unfused layers (``DecoderLayer.forward``),
+    except that each attention starts from the raw ``qkv``. Products this wide are cuBLAS's,
+    and the norms stay fused with the residual adds; the q/k work and the store move into the
+    batch kernel."""
+    x, residual = model.model.embed_tokens.forward(batch.input_ids), None
+    for layer in model.model.layers:
+        x, residual = layer.input_layernorm.forward(x, residual)
+        attn = layer.self_attn
+        x = attn.o_proj.forward(_attention(attn, attn.qkv_proj.forward(x), batch))
+        x, residual = layer.post_attention_layernorm.forward(x, residual)
+        x = layer.mlp.forward(x)
+    return model.lm_head.forward(model.model.norm.forward(x, residual)[0])
+
+
 class FusedDecodeLM(BaseLLMModel):
-    """``model`` with its decode steps of up to four requests on the fused path.
+    """``model`` with its decode steps of up to four requests on the fused path, and those of
+    ``DECODE_BATCH_MIN_BS`` or more with the attention from ``qkv``.
 
     ``forward()`` reads the batch from the global context like any model; the weights, their
     loading and every other attribute are ``model``'s (``engine.model.model.layers`` reaches
@@ -128,6 +168,8 @@ class FusedDecodeLM(BaseLLMModel):
         batch = get_global_ctx().batch
         if takes(self._model, batch):
             return forward(self._model, batch)
+        if takes_large(self._model, batch):
+            return forward_large(self._model, batch)
         return self._model.forward()
 
     def state_dict(self, **kwargs: Any) -> Any:
