@@ -13,11 +13,11 @@ serves every length, and no host plan pads the schedule to the longest context.
 
 The KV is indexed as in the split-KV kernel (FlashInfer's paged index, chapter 17), with the
 same helpers for the rows of a tile. As there, the loop reads the tokens before this step's,
-which earlier steps stored, and the last one is scored on its own, first, so that its K and V
-hold no registers through the loop. ``decode_attention_batch_qkv``
-starts from the qkv GEMV's raw output: each program does Qwen3's q/k norms and RoPE for its
-own heads, stores its KV head's K/V and scores the token from registers, and the layer's
-q-norm, k-norm, RoPE and store kernels are gone. Under PDL a program reads the index, the
+which earlier steps stored, and this step's token is scored on its own; here before the loop,
+so that its K and V hold no registers through it. ``decode_attention_batch_qkv`` starts from
+the qkv projection's raw output: each program does Qwen3's q/k norms and RoPE for its own
+heads, stores its KV head's K/V and scores the token from registers, and the layer's q-norm,
+k-norm, RoPE and store kernels are gone. Under PDL a program reads the index, the
 positions and the slots (all written before the step) before it waits, and q, qkv and the
 KV after.
 
