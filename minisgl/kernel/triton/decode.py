@@ -405,6 +405,53 @@ def _check_qk_args(
         )
 
 
+def _check_q(q: torch.Tensor, k_slots: torch.Tensor, v_slots: torch.Tensor) -> None:
+    """``q: [B, H_q, D]`` contiguous, in the slots' dtype, ``H_q`` a multiple of their
+    ``H_kv``, and the slots as ``_check_slots`` wants them. Raises ValueError."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, H_q, D], got {tuple(q.shape)}")
+    _check_slots(k_slots, v_slots, q.dtype)
+    num_qo_heads, head_dim = q.shape[1:]
+    if k_slots.shape[2] != head_dim or num_qo_heads % k_slots.shape[1] or not q.is_contiguous():
+        raise ValueError(
+            f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree"
+        )
+
+
+def _check_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm: Optional[torch.Tensor],
+    k_norm: Optional[torch.Tensor],
+    eps: float,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    out_loc: torch.Tensor,
+    num_qo_heads: int,
+) -> Tuple[torch.Tensor, FromQKV]:
+    """The checks of a call from ``qkv: [B, (H_q + 2 H_kv) D]`` (and ``_check_qk_args``'),
+    then the output ``[B, H_q, D]`` to fill and the kernel's ``FromQKV``, the norms in
+    qkv's dtype. Raises ValueError."""
+    _check_slots(k_slots, v_slots, qkv.dtype)
+    bs = qkv.shape[0]
+    num_kv_heads, head_dim = k_slots.shape[1:]
+    width = (num_qo_heads + 2 * num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
+        raise ValueError(
+            f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
+            f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}"
+        )
+    _check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
+    out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    norms = (
+        (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous())
+        if q_norm is not None
+        else (None, None)
+    )
+    return out, FromQKV(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps)
+
+
 def _launch(
     q_or_qkv: torch.Tensor,
     k_slots: torch.Tensor,
@@ -526,16 +573,10 @@ def decode_attention(
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
     """
-    if q.dim() != 3:
-        raise ValueError(f"q must be [B, H_q, D], got {tuple(q.shape)}")
-    _check_slots(k_slots, v_slots, q.dtype)
-    bs, num_qo_heads, head_dim = q.shape
-    num_kv_heads = k_slots.shape[1]
-    if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
-        raise ValueError(
-            f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree"
-        )
-    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
+    _check_q(q, k_slots, v_slots)
+    _check_index(
+        q.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits
+    )
     return _launch(
         q,
         k_slots,
@@ -586,22 +627,10 @@ def decode_attention_qkv(
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
     """
-    _check_slots(k_slots, v_slots, qkv.dtype)
-    bs = qkv.shape[0]
-    num_kv_heads, head_dim = k_slots.shape[1:]
-    width = (num_qo_heads + 2 * num_kv_heads) * head_dim
-    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
-        raise ValueError(
-            f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
-            f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}"
-        )
-    _check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
-    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits)
-    out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    norms = (
-        (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous())
-        if q_norm is not None
-        else (None, None)
+    qk = (positions, cos_sin_cache, q_norm, k_norm, eps)
+    out, from_qkv = _check_qkv(qkv, *qk, k_slots, v_slots, out_loc, num_qo_heads)
+    _check_index(
+        qkv.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, max_seq_len, num_splits
     )
     return _launch(
         qkv,
@@ -613,6 +642,6 @@ def decode_attention_qkv(
         sm_scale,
         max_seq_len,
         num_splits,
-        from_qkv=FromQKV(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps),
+        from_qkv=from_qkv,
         stamps=stamps,
     )

@@ -34,15 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import (
-    FromQKV,
-    _check_index,
-    _check_qk_args,
-    _check_slots,
-    _kv_rows,
-    _load_kv,
-    _norm_rope,
-)
+from .decode import FromQKV, _check_index, _check_q, _check_qkv, _kv_rows, _load_kv, _norm_rope
 from .pdl import launch_options, use_pdl
 
 BLOCK_T = 64  # tokens per tile
@@ -228,17 +220,9 @@ def decode_attention_batch(
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
     """
-    if q.dim() != 3:
-        raise ValueError(f"q must be [B, H_q, D], got {tuple(q.shape)}")
-    _check_slots(k_slots, v_slots, q.dtype)
-    bs, num_qo_heads, head_dim = q.shape
-    num_kv_heads = k_slots.shape[1]
-    if k_slots.shape[2] != head_dim or num_qo_heads % num_kv_heads or not q.is_contiguous():
-        raise ValueError(
-            f"q {tuple(q.shape)} (contiguous) and slots {tuple(k_slots.shape)} disagree"
-        )
+    _check_q(q, k_slots, v_slots)
     # a length bound and a split count of 1: neither is a parameter of this kernel
-    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
+    _check_index(q.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
     index = (kv_indptr, kv_page_ids, kv_last_page_len)
     return _launch(q, k_slots, v_slots, index, torch.empty_like(q), page_size, sm_scale)
 
@@ -275,23 +259,9 @@ def decode_attention_batch_qkv(
     Raises:
         ValueError: on shapes, dtypes or sizes that disagree.
     """
-    _check_slots(k_slots, v_slots, qkv.dtype)
-    bs = qkv.shape[0]
-    num_kv_heads, head_dim = k_slots.shape[1:]
-    width = (num_qo_heads + 2 * num_kv_heads) * head_dim
-    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1 or num_qo_heads % num_kv_heads:
-        raise ValueError(
-            f"qkv must be [B, {width}] with contiguous rows ({num_qo_heads} query heads over "
-            f"{num_kv_heads} KV heads), got {tuple(qkv.shape)}"
-        )
-    _check_qk_args(bs, head_dim, positions, out_loc, cos_sin_cache, q_norm, k_norm)
-    _check_index(bs, kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
-    out = torch.empty((bs, num_qo_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    norms = (
-        (q_norm.to(qkv.dtype).contiguous(), k_norm.to(qkv.dtype).contiguous())
-        if q_norm is not None
-        else (None, None)
-    )
+    qk = (positions, cos_sin_cache, q_norm, k_norm, eps)
+    out, from_qkv = _check_qkv(qkv, *qk, k_slots, v_slots, out_loc, num_qo_heads)
+    _check_index(qkv.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
     return _launch(
         qkv,
         k_slots,
@@ -300,5 +270,5 @@ def decode_attention_batch_qkv(
         out,
         page_size,
         sm_scale,
-        FromQKV(positions.contiguous(), out_loc.contiguous(), cos_sin_cache, *norms, eps),
+        from_qkv,
     )
