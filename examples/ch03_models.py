@@ -6,7 +6,7 @@ backend (chapter 5): a ten-line stand-in attends over the prompt alone, which is
 single forward pass over one prompt needs.
 """
 
-# output: mask = \d\.\de-\d+;
+# output: mask = \d\.\de[-+]\d+;
 
 import argparse
 import os

@@ -10,7 +10,7 @@ generates from a few prompts and compares the tokens with ``transformers``.
     python examples/ch20_moe.py [--model PATH] [--device cpu|cuda]
 """
 
-# output: mask \d\.\de-\d+
+# output: mask \d\.\de[-+]\d+
 
 import argparse
 import os

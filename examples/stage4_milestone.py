@@ -21,7 +21,7 @@ checks ran and which need a GPU, and prints no GPU figure.
 """
 # output: mask \d+\.\d+ s\b
 # output: mask \d+\.\d+ tok/s
-# output: mask \d\.\d+e-\d+
+# output: mask \d\.\d+e[-+]\d+
 
 import argparse
 import importlib.util

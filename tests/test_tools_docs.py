@@ -7,6 +7,7 @@ chapters being written yet. The one mkdocs build (strict, twice) is the slowest,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -720,6 +721,20 @@ def test_notebook_execute_fails_when_a_cell_raises(project, tmp_path, monkeypatc
 
 
 # ------------------------------------------------------------------ outputs
+
+
+def test_every_float_mask_covers_an_exponent_of_either_sign():
+    """A difference that comes out exactly 0 prints as ``0.0e+00``: a mask written for ``e-07``
+    alone left ``--check`` failing on a machine whose sums came out exact (ch20_moe,
+    stage4_milestone)."""
+    from tools.outputs import discover
+
+    pairs = (("2.6e-07", "0.0e+00"), ("9.98e-07", "0.00e+00"), ("3.0e-05", "0.0e+00"))
+    for example in discover(ROOT):
+        for pattern in example.masks:
+            for small, zero in pairs:
+                if re.search(pattern, f"= {small};"):
+                    assert re.search(pattern, f"= {zero};"), (example.name, pattern, zero)
 
 
 def test_outputs_capture_check_and_nondeterministic_marker(project, capsys):
