@@ -14,7 +14,9 @@ turns them off one after another):
 * ``MINISGL_DISABLE_LM_HEAD_KERNEL=1``: the fused path's final norm and LM head on torch;
 * ``MINISGL_DISABLE_SAMPLE_KERNEL=1``: temperature sampling on FlashInfer, not the Gumbel-max kernel;
 * ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1``: decodes of 64 requests or more on FlashInfer, not
-  the pipelined batch kernel.
+  the pipelined batch kernel;
+* ``MINISGL_DISABLE_LONGEST_FIRST=1``: the batch kernel starts its programs in the batch's order,
+  not longest context first.
 
 Mirrors upstream ``minisgl.env`` (which has none of the kernel switches).
 """
@@ -56,6 +58,7 @@ class _Env:
         self.DISABLE_LM_HEAD_KERNEL = EnvBool("MINISGL_DISABLE_LM_HEAD_KERNEL")
         self.DISABLE_SAMPLE_KERNEL = EnvBool("MINISGL_DISABLE_SAMPLE_KERNEL")
         self.DISABLE_DECODE_BATCH_KERNEL = EnvBool("MINISGL_DISABLE_DECODE_BATCH_KERNEL")
+        self.DISABLE_LONGEST_FIRST = EnvBool("MINISGL_DISABLE_LONGEST_FIRST")
 
 
 ENV = _Env()

@@ -123,19 +123,34 @@ finally:
 # the batch kernel: one program per (request, KV head) over its whole context, tiles of 64
 # tokens that span pages (P = 4), end on a page's edge (64, 128) or hold one token
 from minisgl.kernel.triton.decode_batch import decode_attention_batch, decode_attention_batch_qkv
+from minisgl.attention.split_kv import longest_first
 # (the earlier tokens fill their last tile exactly at 65 and 129)
-for page, lens, hq, hkv in ((4, [64, 1, 130, 7], 4, 2), (1, [128, 3, 65], 2, 2), (16, [200, 129], 8, 2)):
+for page, lens, hq, hkv in ((4, [64, 1, 130, 7], 4, 2), (1, [128, 3, 65], 2, 2), (16, [129, 200], 8, 2)):
     q, k_slots, v_slots, index, want = paged_decode_case(page, lens, hq, hkv, 16, torch.float32, "cpu")
     got = decode_attention_batch(q, k_slots, v_slots, *index, page, 16 ** -0.5)
     err = float((got - want).abs().max())
     assert err < 1e-5, ("batch kernel", page, lens, err)
+    # longest first: the programs start in another order and every row gets the same values
+    order = torch.tensor(longest_first(lens, hkv, 0), dtype=torch.int32)
+    assert order.tolist() != list(range(len(lens))), "the case must reorder something"
+    again = decode_attention_batch(q, k_slots, v_slots, *index, page, 16 ** -0.5, order)
+    assert torch.equal(again, got), ("longest first", page, lens)
     for norm in (False, True) if page == 1 else (True,):  # from qkv: the layer's ops, then the kernel
         args, (q_ref, k_ref, v_ref) = qkv_decode_case(page, lens, hq, hkv, 16, norm, k_slots, v_slots, index)
         want = decode_attention_batch(q_ref, k_ref, v_ref, *index, page, 16 ** -0.5)
-        got = decode_attention_batch_qkv(*args, *index, page, 16 ** -0.5, hq)
+        got = decode_attention_batch_qkv(*args, *index, page, 16 ** -0.5, hq, order)
         err = float((got - want).abs().max())
         assert err < 1e-5, ("batch kernel from qkv", page, lens, norm, err)
         assert torch.allclose(args[6], k_ref, atol=1e-6) and torch.equal(args[7], v_ref), "the stored K/V"
+# the kernel reads ``order`` (int64 here): a row it does not list keeps its allocation's NaN
+real_empty_like = torch.empty_like
+torch.empty_like = lambda t, **kw: real_empty_like(t, **kw).fill_(float("nan"))
+try:
+    q, k_slots, v_slots, index, want = paged_decode_case(4, [9, 70], 4, 2, 16, torch.float32, "cpu")
+    got = decode_attention_batch(q, k_slots, v_slots, *index, 4, 16 ** -0.5, torch.tensor([1, 1]))
+    assert got[0].isnan().all() and float((got[1] - want[1]).abs().max()) < 1e-5, "order unread"
+finally:
+    torch.empty_like = real_empty_like
 print("decode ok")
 """
 
@@ -188,6 +203,10 @@ def test_the_kernels_refuse_bad_input_before_launching():
         dict(q=good["q"].transpose(0, 1).contiguous().transpose(0, 1)),
         dict(page_size=0),
         dict(kv_page_ids=index[1].float()),
+        dict(order=torch.tensor([1], **i32)),
+        dict(order=torch.tensor([1.0, 0.0])),
+        dict(order=torch.tensor([1, 9, 0, 9], **i32)[::2]),
+        dict(order=torch.tensor([1, 0], device="meta")),
     ):
         refused(decode_attention_batch, **{**good, **bad})
     qkv = torch.randn(2, (4 + 2 * 2) * 16)
@@ -226,6 +245,7 @@ def test_the_kernels_refuse_bad_input_before_launching():
         dict(cos_sin_cache=torch.zeros(8, 16).double()),
         dict(kv_indptr=strided),
         dict(qkv=qkv.int(), k_slots=slots.int(), v_slots=slots.int()),
+        dict(order=torch.tensor([1, 0, 2], **i32)),
     ):
         refused(decode_attention_batch_qkv, **{**good, **bad})
 
@@ -240,7 +260,7 @@ def test_the_batch_kernel_compiles_for_hopper_with_its_pipeline_and_pdl(from_qkv
     from tests.test_ch19_fused import ptx_for_hopper
 
     bf, i32 = "*bf16", "*i32"
-    types = dict(q_ptr=bf, k_ptr=bf, v_ptr=bf, out_ptr=bf, indptr_ptr=i32, page_ids_ptr=i32,
+    types = dict(q_ptr=bf, k_ptr=bf, v_ptr=bf, out_ptr=bf, order_ptr=i32, indptr_ptr=i32, page_ids_ptr=i32,
                  last_len_ptr=i32, pos_ptr="*i64", loc_ptr="*i64", cos_sin_ptr="*fp32",
                  q_norm_ptr=bf, k_norm_ptr=bf, scale_log2="fp32", stride_slot="i32",
                  stride_q="i32", eps="fp32")  # fmt: skip
@@ -304,6 +324,42 @@ def test_the_backend_takes_small_and_large_decodes_and_routes_the_rest(qwen3_pat
     engine.shutdown()
 
 
+def test_the_batch_kernel_starts_the_longest_contexts_first(qwen3_path, monkeypatch):
+    """``longest_first`` orders a batch's rows by context, longest first, ties in the batch's
+    order, when it has more programs than the GPU holds at once; the backend hands that order
+    to the batch kernel in its metadata (and its switch keeps the batch's order)."""
+    from minisgl.attention.split_kv import longest_first
+    from minisgl.benchmark import manual
+    from minisgl.engine import Engine, EngineConfig
+    from minisgl.env import ENV
+
+    assert longest_first([5, 9, 1, 9, 7], 2, 9) == [1, 3, 4, 0, 2]  # 10 programs, 9 at once
+    assert longest_first([5, 9, 1, 9, 7], 2, 10) == [0, 1, 2, 3, 4]  # all at once: as they are
+    assert longest_first([], 8, 0) == []
+    engine = Engine(
+        EngineConfig(str(qwen3_path), dtype=torch.float32, device="cpu", max_running_req=64,
+                     num_page_override=300, max_seq_len_override=32, attention_backend="split_kv",
+                     page_size=4)
+    )  # fmt: skip
+    prompts = [[1] * (1 + (7 * i) % 20) for i in range(64)]
+    reqs = manual.place(engine, prompts, 4)
+    for req in reqs:
+        req.complete_one()
+        req.append_host(torch.tensor([7], dtype=torch.int32))
+    lens = [r.device_len for r in reqs]
+    assert len(set(lens)) > 1
+    assert engine.attn_backend.resident_programs == 0  # on the CPU: every batch is sorted
+    batch = manual.build_batch(engine, reqs, "decode")
+    order = batch.attn_metadata.order.tolist()
+    assert sorted(order) == list(range(64))
+    assert [lens[b] for b in order] == sorted(lens, reverse=True)
+    monkeypatch.setattr(ENV.DISABLE_LONGEST_FIRST, "value", True)
+    assert manual.build_batch(engine, reqs, "decode").attn_metadata.order.tolist() == list(
+        range(64)
+    )
+    engine.shutdown()
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -350,6 +406,7 @@ def test_the_engine_picks_the_split_kv_backend_on_cuda():
 def test_the_batch_kernel_at_qwen3_shapes(page):
     """bf16 q, K, V of 64 requests from 1 to 1,000 tokens (tiles that end on a page's edge,
     contexts of one token); float32 softmax over them as the reference."""
+    from minisgl.attention.split_kv import longest_first
     from minisgl.kernel.triton.decode_batch import decode_attention_batch
 
     lens = [1, 64, 1000, 37, 256, 513] + [(97 * i) % 1000 + 1 for i in range(58)]
@@ -357,14 +414,16 @@ def test_the_batch_kernel_at_qwen3_shapes(page):
     got = decode_attention_batch(q, k, v, *index, page, 128**-0.5)
     rel = float((got.float() - want).abs().max() / want.abs().max())
     assert got.dtype == torch.bfloat16 and rel < 2**-6, f"page {page}: {rel:.2e}"
+    order = torch.tensor(longest_first(lens, 8, 0), dtype=torch.int32, device="cuda")
+    assert torch.equal(decode_attention_batch(q, k, v, *index, page, 128**-0.5, order), got)
 
 
 @pytest.mark.gpu
 def test_a_large_decode_on_the_batch_kernel_gives_flashinfers_logits(monkeypatch):
     """64 requests of different lengths, teacher-forced: the batch kernel's logits, from q (the
     unfused layers) and from qkv, against FlashInfer's (the kernel off), within chapter 17's
-    tolerance, 2 % of each step's logit range; then the batch kernel in a CUDA graph of 64
-    gives the eager run's tokens."""
+    tolerance, 2 % of each step's logit range; then the batch kernel in a CUDA graph of 64,
+    its programs longest first, gives the eager run's tokens."""
     from minisgl.benchmark import manual
     from minisgl.engine import Engine, EngineConfig
     from minisgl.env import ENV
@@ -395,9 +454,13 @@ def test_a_large_decode_on_the_batch_kernel_gives_flashinfers_logits(monkeypatch
         for step, (a, b) in enumerate(zip(batched, plain)):
             diff, scale = float((a - b).abs().max()), float(b.max() - b.min())
             assert diff <= 0.02 * scale, f"{op}, step {step}: max |diff| {diff:.3f}"
+    # 512 programs fit the GPU at once; counted as none, the batch is sorted, eager and replayed
+    monkeypatch.setattr(engine.attn_backend, "resident_programs", 0)
     eager, _ = manual.greedy(engine, manual.place(engine, ids, 8), 8, use_graph=False)
     graph, _ = manual.greedy(engine, manual.place(engine, ids, 8), 8, use_graph=True)
     assert graph == eager
+    replayed = engine.attn_backend._graph_index.order[:64].tolist()  # the last replay's copy
+    assert sorted(replayed) == list(range(64)) and replayed != list(range(64))
     engine.shutdown()
 
 

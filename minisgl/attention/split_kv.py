@@ -10,16 +10,18 @@ longer than ``SPLIT_KV_MAX_SEQ_LEN`` tokens (the kernel's loop count is fixed at
 time from the longest possible context, so one CUDA graph serves every length). Decode
 batches of ``DECODE_BATCH_MIN_BS`` requests or more, which fill the GPU without a split, go
 to the batch kernel (``kernel.decode_attention_batch``, ``triton/decode_batch.py``), which
-keeps several tiles of each program in flight; every other batch goes to ``fallback``
+keeps several tiles of each program in flight, and starts the longest contexts first
+(``longest_first``); every other batch goes to ``fallback``
 (FlashInfer on CUDA), the way ``HybridBackend`` sends prefill and decode batches to two
 backends.
 
 Both kernels read FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
 tensors, ``SplitKVMetadata``. For a CUDA graph the index is copied into fixed buffers before
-each replay: three copies, and no planning on the host at all. On the fused decode path
-(``models/fused_decode.py``) ``forward_qkv`` takes the qkv GEMV's raw output and the kernel
-also does the q/k norms, RoPE and the KV store. ``MINISGL_DISABLE_SPLIT_KV=1`` keeps the
-engine on FlashInfer alone, ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1`` the large batches.
+each replay: four copies (the index and the batch kernel's order), and no planning on the
+host at all. On the fused decode path (``models/fused_decode.py``) ``forward_qkv`` takes the
+qkv GEMV's raw output and the kernel also does the q/k norms, RoPE and the KV store. ``MINISGL_DISABLE_SPLIT_KV=1`` keeps the
+engine on FlashInfer alone, ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1`` the large batches;
+``MINISGL_DISABLE_LONGEST_FIRST=1`` starts the batch kernel's programs in the batch's order.
 Upstream mini-sglang uses FlashInfer's decode kernel at every batch size; this backend is
 the book's own.
 """
@@ -27,7 +29,7 @@ the book's own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
@@ -51,6 +53,9 @@ if TYPE_CHECKING:
 SPLIT_KV_MAX_BS = 4  # the fused decode path's largest batch: there it attends from qkv
 SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
 DECODE_BATCH_MIN_BS = 64  # from here B x H_kv programs fill the GPU; below, FlashInfer's split wins
+BATCH_PROGRAMS_PER_SM = (
+    5  # on Hopper: five of 128 threads x 96 registers and 39 KB shared fit an SM
+)
 
 
 @dataclass
@@ -64,9 +69,25 @@ class SplitKVMetadata(BaseAttnMetadata):
     kv_page_ids: torch.Tensor  # [pages] int32
     kv_last_page_len: torch.Tensor  # [B] int32, 1..P
     last_indices: torch.Tensor  # [B] int64: a decode batch's row b is request b's token
+    order: torch.Tensor  # [B] int32: the batch kernel starts these rows' programs first to last
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
         return self.last_indices[:bs]
+
+
+def longest_first(seq_lens: Sequence[int], num_kv_heads: int, resident_programs: int) -> List[int]:
+    """The order in which the batch kernel starts a batch's programs, as a list of its rows.
+
+    With more programs (``len(seq_lens) x num_kv_heads``) than the GPU holds at once
+    (``resident_programs``), the longest contexts first (ties in the batch's order): they are
+    read from the first wave on and the short ones fill the GPU at the end. With fewer, every
+    program starts at once, there is no last wave to shorten, and the batch keeps its order
+    (sorted, one layer's attention was slower: the performance case study).
+    ``MINISGL_DISABLE_LONGEST_FIRST`` keeps it always."""
+    rows = range(len(seq_lens))
+    if ENV.DISABLE_LONGEST_FIRST or len(seq_lens) * num_kv_heads <= resident_programs:
+        return list(rows)
+    return sorted(rows, key=lambda b: -seq_lens[b])
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,11 @@ class SplitKVBackend(BaseAttnBackend):
         self.page_size = ctx.page_size
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.device = self.kv_cache.device
+        # how many of the batch kernel's programs run at once (none on the CPU: always sorted)
+        self.resident_programs = 0
+        if self.device.type == "cuda":
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.resident_programs = BATCH_PROGRAMS_PER_SM * sms
         self._graph_index: Optional[SplitKVMetadata] = None
 
     def takes(self, batch: Batch) -> bool:
@@ -120,12 +146,19 @@ class SplitKVBackend(BaseAttnBackend):
         if not self.takes(batch):
             return self.fallback.prepare_metadata(batch)
         pin = self.device.type == "cuda"  # pinned: the copies below do not wait for the host
-        index = paged_kv_index(get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin)
+        reqs = batch.padded_reqs
+        index = paged_kv_index(get_global_ctx().page_table, reqs, self.page_size, pin)
+        order = longest_first(
+            [r.device_len for r in reqs], self.num_kv_heads, self.resident_programs
+        )
         batch.attn_metadata = SplitKVMetadata(
             kv_indptr=index.kv_indptr.to(self.device, non_blocking=True),
             kv_page_ids=index.kv_page_ids,
             kv_last_page_len=index.kv_last_page_len.to(self.device, non_blocking=True),
             last_indices=torch.arange(batch.padded_size, device=self.device),
+            order=torch.tensor(order, dtype=torch.int32, pin_memory=pin).to(
+                self.device, non_blocking=True
+            ),
         )
 
     def forward(
@@ -139,7 +172,7 @@ class SplitKVBackend(BaseAttnBackend):
         index = (meta.kv_indptr, meta.kv_page_ids, meta.kv_last_page_len)
         if self._batches(batch.padded_size):
             return decode_attention_batch(
-                q.contiguous(), *slots, *index, self.page_size, self.head_dim**-0.5
+                q.contiguous(), *slots, *index, self.page_size, self.head_dim**-0.5, meta.order
             )
         return decode_attention(
             q.contiguous(),
@@ -170,7 +203,7 @@ class SplitKVBackend(BaseAttnBackend):
         scale = self.head_dim**-0.5
         if self._batches(batch.padded_size):
             return decode_attention_batch_qkv(
-                qkv, *qk, *slots, *index, self.page_size, scale, self.num_qo_heads
+                qkv, *qk, *slots, *index, self.page_size, scale, self.num_qo_heads, meta.order
             )
         return decode_attention_qkv(
             qkv,
@@ -200,6 +233,7 @@ class SplitKVBackend(BaseAttnBackend):
             ),
             kv_last_page_len=torch.ones(max_bs, dtype=torch.int32, device=self.device),
             last_indices=torch.arange(max_bs, device=self.device),
+            order=torch.arange(max_bs, dtype=torch.int32, device=self.device),
         )
 
     def prepare_for_capture(self, batch: Batch) -> None:
@@ -219,12 +253,14 @@ class SplitKVBackend(BaseAttnBackend):
             graph.kv_page_ids,
             graph.kv_last_page_len[:bs],
             graph.last_indices[:bs],
+            graph.order[:bs],
         )
         stream = torch.cuda.current_stream(self.device)
         for buffer, values in (
             (views.kv_indptr, meta.kv_indptr),
             (views.kv_page_ids, meta.kv_page_ids),
             (views.kv_last_page_len, meta.kv_last_page_len),
+            (views.order, meta.order),
         ):
             buffer[: values.numel()].copy_(values)
             # made on the scheduler's stream under overlap scheduling, and dropped just below:

@@ -11,6 +11,13 @@ lookups, then K and V, as asynchronous copies into shared memory) while the curr
 scored. The trip count comes from the request's length on the device, so one CUDA graph
 serves every length, and no host plan pads the schedule to the longest context.
 
+Longest first. The GPU hands out programs roughly in the order of their ids, and on ragged
+lengths a long context that starts last is read by a handful of programs while the rest of
+the GPU idles. ``order`` lists the batch's requests longest first (the host knows every
+length when it builds the index), and program ``p`` takes request ``order[p // H_kv]``: the
+long contexts start in the first wave and the short ones fill the gaps at the end, the rule
+a scheduler of jobs on identical machines calls LPT (longest processing time first).
+
 The KV is indexed as in the split-KV kernel (FlashInfer's paged index, chapter 17), with the
 same helpers for the rows of a tile. As there, the loop reads the tokens before this step's,
 which earlier steps stored, and this step's token is scored on its own; here before the loop,
@@ -49,6 +56,7 @@ def _decode_batch_kernel(
     k_ptr,
     v_ptr,
     out_ptr,
+    order_ptr,
     indptr_ptr,
     page_ids_ptr,
     last_len_ptr,
@@ -74,8 +82,9 @@ def _decode_batch_kernel(
 ):
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
         tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    pid = tl.program_id(0)  # programs are handed out in this order: the longest requests first
+    b = tl.load(order_ptr + pid // NUM_KV_HEADS)
+    kv_head = pid % NUM_KV_HEADS
     first_page = tl.load(indptr_ptr + b)
     seq_len = (tl.load(indptr_ptr + b + 1) - first_page - 1) * PAGE + tl.load(last_len_ptr + b)
     offs_t = tl.arange(0, BLOCK_T)
@@ -144,6 +153,20 @@ def _decode_batch_kernel(
     tl.store(out_ptr + out_rows, out, mask=g_mask[:, None])
 
 
+def _check_order(order: Optional[torch.Tensor], like: torch.Tensor) -> None:
+    bs = like.shape[0]
+    if order is not None and (
+        order.shape != (bs,)
+        or order.dtype not in (torch.int32, torch.int64)
+        or not order.is_contiguous()
+        or order.device != like.device
+    ):
+        raise ValueError(
+            f"order must be a contiguous [{bs}] int32 or int64 tensor on {like.device}, "
+            f"got {tuple(order.shape)} {order.dtype} on {order.device}"
+        )
+
+
 def _launch(
     q_or_qkv: torch.Tensor,
     k_slots: torch.Tensor,
@@ -152,10 +175,12 @@ def _launch(
     out: torch.Tensor,
     page_size: int,
     sm_scale: float,
+    order: Optional[torch.Tensor],
     from_qkv: Optional[FromQKV] = None,
 ) -> torch.Tensor:
     """The kernel on ``index = (kv_indptr, kv_page_ids, kv_last_page_len)``: ``B x H_kv``
-    programs; ``from_qkv`` when ``q_or_qkv`` is the qkv GEMV's output."""
+    programs, in ``order`` (the batch's order when None); ``from_qkv`` when ``q_or_qkv`` is
+    the qkv GEMV's output."""
     bs, num_qo_heads, head_dim = out.shape
     num_kv_heads = k_slots.shape[1]
     if bs == 0:
@@ -164,11 +189,14 @@ def _launch(
     has_norm = q_norm is not None  # _check_qk_args: both norms or neither
     group = num_qo_heads // num_kv_heads
     pdl = use_pdl(out)
-    _decode_batch_kernel[(bs, num_kv_heads)](
+    if order is None:
+        order = torch.arange(bs, dtype=torch.int32, device=out.device)
+    _decode_batch_kernel[(bs * num_kv_heads,)](
         q_or_qkv,
         k_slots,
         v_slots,
         out,
+        order,
         *index,
         positions,
         out_loc,
@@ -204,6 +232,7 @@ def decode_attention_batch(
     kv_last_page_len: torch.Tensor,
     page_size: int,
     sm_scale: float,
+    order: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of one query token per request over its paged context, for a large batch.
 
@@ -211,10 +240,13 @@ def decode_attention_batch(
     pool's per-token view); ``kv_indptr: [B + 1]``, ``kv_page_ids: [kv_indptr[B]]`` and
     ``kv_last_page_len: [B]`` int32/int64 on the device (FlashInfer's paged index, pages of
     ``page_size`` slots), every context at least one token;
-    ``sm_scale`` usually ``D ** -0.5``. No length bound: each program's trip count is read
-    from the index. With PDL, q and each request's last token's K/V may be written by the
+    ``sm_scale`` usually ``D ** -0.5``. ``order: [B]`` int32/int64 on the device, a
+    permutation of the batch's rows (longest context first: ``attention.split_kv.longest_first``), is the
+    order in which the requests' programs start; None keeps the batch's. No length bound:
+    each program's trip count is read from the index. With PDL, q and each request's last token's K/V may be written by the
     kernel just before. That every page id lies inside the pool is the caller's to ensure
-    (the host cannot read them without a sync). Returns ``[B, H_q, D]`` in q's dtype, from
+    (the host cannot read them without a sync), and so is ``order`` being a permutation (a
+    repeated row leaves another unwritten). Returns ``[B, H_q, D]`` in q's dtype, from
     one launch of ``B x H_kv`` programs. ``D`` must be a power of two of at least 16.
 
     Raises:
@@ -223,8 +255,9 @@ def decode_attention_batch(
     _check_q(q, k_slots, v_slots)
     # a length bound and a split count of 1: neither is a parameter of this kernel
     _check_index(q.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
+    _check_order(order, q)
     index = (kv_indptr, kv_page_ids, kv_last_page_len)
-    return _launch(q, k_slots, v_slots, index, torch.empty_like(q), page_size, sm_scale)
+    return _launch(q, k_slots, v_slots, index, torch.empty_like(q), page_size, sm_scale, order)
 
 
 def decode_attention_batch_qkv(
@@ -243,10 +276,11 @@ def decode_attention_batch_qkv(
     page_size: int,
     sm_scale: float,
     num_qo_heads: int,
+    order: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The attention layer's q/k norms, RoPE and KV store, then ``decode_attention_batch``, in
     one launch, from the qkv GEMV's output (the arguments of ``decode.decode_attention_qkv``,
-    less the length bound and split count).
+    less the length bound and split count, and ``decode_attention_batch``'s ``order``).
 
     ``qkv: [B, (H_q + 2 H_kv) D]`` with contiguous rows, one token per request, at
     ``positions: [B]``; its K and V go to slots ``out_loc: [B]`` of the pool, whose index
@@ -262,6 +296,7 @@ def decode_attention_batch_qkv(
     qk = (positions, cos_sin_cache, q_norm, k_norm, eps)
     out, from_qkv = _check_qkv(qkv, *qk, k_slots, v_slots, out_loc, num_qo_heads)
     _check_index(qkv.shape[0], kv_indptr, kv_page_ids, kv_last_page_len, page_size, 1, 1)
+    _check_order(order, qkv)
     return _launch(
         qkv,
         k_slots,
@@ -270,5 +305,6 @@ def decode_attention_batch_qkv(
         out,
         page_size,
         sm_scale,
+        order,
         from_qkv,
     )
