@@ -10,8 +10,10 @@ attention shapes (16 query heads, 8 KV heads of 128, bf16), pages of ``--page-si
 runs it (FlashInfer's wrappers with ``use_cuda_graph=True``, as chapter 18 builds them), over
 ``--layers`` (28) separate pools so that no call finds its KV in the L2 cache. It prints
 microseconds per layer and the KV bandwidth (bytes of K and V read over the time) of
-FlashInfer on CUDA cores, on tensor cores and of the batch kernel, with the batch kernel's
-largest difference from FlashInfer's output. Needs a CUDA GPU, ``flashinfer`` and ``triton``.
+FlashInfer on CUDA cores, on tensor cores and of the batch kernel, its programs started in
+the batch's order and longest context first (as the engine runs it when the batch has more
+programs than the GPU holds at once), with the batch kernel's largest difference from
+FlashInfer's output. Needs a CUDA GPU, ``flashinfer`` and ``triton``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def paged_index(lens: torch.Tensor, page: int, num_pages: int) -> List[torch.Ten
 def time_case(bs: int, ctx: int, ragged: bool, page: int, layers: int, replays: int) -> list:
     import flashinfer
 
+    from minisgl.attention.split_kv import longest_first
     from minisgl.kernel.triton.decode_batch import decode_attention_batch
 
     lens = context_lengths(bs, ctx, ragged)
@@ -95,11 +98,17 @@ def time_case(bs: int, ctx: int, ragged: bool, page: int, layers: int, replays: 
         row += [f"{us:.1f}", f"{kv_bytes / us / 1e6:.2f}"]
     slots = [(k.view(-1, HEADS_KV, HEAD_DIM), v.view(-1, HEADS_KV, HEAD_DIM)) for k, v in pools]
     scale = HEAD_DIM**-0.5
-    got = decode_attention_batch(q, *slots[0], *index, page, scale)
-    calls = [lambda kv=kv: decode_attention_batch(q, *kv, *index, page, scale) for kv in slots]
-    us = graph_time_us(calls, replays)
+    longest = torch.tensor(longest_first(lens.tolist(), HEADS_KV, 0), dtype=torch.int32).cuda()
+    got = decode_attention_batch(q, *slots[0], *index, page, scale, longest)
+    for order in (None, longest):
+        calls = [
+            lambda kv=kv, o=order: decode_attention_batch(q, *kv, *index, page, scale, o)
+            for kv in slots
+        ]
+        us = graph_time_us(calls, replays)
+        row += [f"{us:.1f}", f"{kv_bytes / us / 1e6:.2f}"]
     err = float((got.float() - want.float()).abs().max())
-    return row + [f"{us:.1f}", f"{kv_bytes / us / 1e6:.2f}", f"{err:.1e}"]
+    return row + [f"{err:.1e}"]
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -114,9 +123,12 @@ def main(argv: List[str] | None = None) -> None:
         raise SystemExit("decode_attention needs a CUDA GPU")
     bandwidth = measure_copy_bandwidth(torch.device("cuda"))
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s; pages of {args.page_size}; one layer")
-    rows = [time_case(*case, args.page_size, args.layers, args.replays) for case in cases]
     header = ["case", "KV MB", "FI cuda-core us", "TB/s", "FI tensor-core us", "TB/s",
-              "batch kernel us", "TB/s", "max |diff|"]  # fmt: skip
+              "batch kernel us", "TB/s", "longest first us", "TB/s", "max |diff|"]  # fmt: skip
+    rows = []
+    for case in cases:  # each row as it is timed, so that a run cut short keeps what it timed
+        rows.append(time_case(*case, args.page_size, args.layers, args.replays))
+        print(" | ".join(rows[-1]), flush=True)
     print(format_table(header, rows))
 
 
