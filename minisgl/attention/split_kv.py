@@ -10,17 +10,17 @@ longer than ``SPLIT_KV_MAX_SEQ_LEN`` tokens (the kernel's loop count is fixed at
 time from the longest possible context, so one CUDA graph serves every length). Decode
 batches of ``DECODE_BATCH_MIN_BS`` requests or more, which fill the GPU without a split, go
 to the batch kernel (``kernel.decode_attention_batch``, ``triton/decode_batch.py``), which
-keeps several tiles of each program in flight, and starts the longest contexts first
-(``longest_first``); every other batch goes to ``fallback``
-(FlashInfer on CUDA), the way ``HybridBackend`` sends prefill and decode batches to two
-backends.
+keeps several tiles of each program in flight and starts the longest contexts first
+(``longest_first``); every other batch goes to ``fallback`` (FlashInfer on CUDA), the way
+``HybridBackend`` sends prefill and decode batches to two backends.
 
 Both kernels read FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
 tensors, ``SplitKVMetadata``. For a CUDA graph the index is copied into fixed buffers before
 each replay: four copies (the index and the batch kernel's order), and no planning on the
 host at all. On the fused decode path (``models/fused_decode.py``) ``forward_qkv`` takes the
-qkv GEMV's raw output and the kernel also does the q/k norms, RoPE and the KV store. ``MINISGL_DISABLE_SPLIT_KV=1`` keeps the
-engine on FlashInfer alone, ``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1`` the large batches;
+qkv GEMV's raw output and the kernel also does the q/k norms, RoPE and the KV store.
+``MINISGL_DISABLE_SPLIT_KV=1`` keeps the engine on FlashInfer alone,
+``MINISGL_DISABLE_DECODE_BATCH_KERNEL=1`` the large batches, and
 ``MINISGL_DISABLE_LONGEST_FIRST=1`` starts the batch kernel's programs in the batch's order.
 Upstream mini-sglang uses FlashInfer's decode kernel at every batch size; this backend is
 the book's own.
@@ -53,9 +53,7 @@ if TYPE_CHECKING:
 SPLIT_KV_MAX_BS = 4  # the fused decode path's largest batch: there it attends from qkv
 SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
 DECODE_BATCH_MIN_BS = 64  # from here B x H_kv programs fill the GPU; below, FlashInfer's split wins
-BATCH_PROGRAMS_PER_SM = (
-    5  # on Hopper: five of 128 threads x 96 registers and 39 KB shared fit an SM
-)
+BATCH_PROGRAMS_PER_SM = 5  # Hopper: 128 threads x 96 registers, 39 KB shared each
 
 
 @dataclass

@@ -13,10 +13,11 @@ serves every length, and no host plan pads the schedule to the longest context.
 
 Longest first. The GPU hands out programs roughly in the order of their ids, and on ragged
 lengths a long context that starts last is read by a handful of programs while the rest of
-the GPU idles. ``order`` lists the batch's requests longest first (the host knows every
-length when it builds the index), and program ``p`` takes request ``order[p // H_kv]``: the
-long contexts start in the first wave and the short ones fill the gaps at the end, the rule
-a scheduler of jobs on identical machines calls LPT (longest processing time first).
+the GPU idles. ``order`` lists the batch's requests longest first when they make more than
+one wave (the host knows every length when it builds the index), and program ``p`` takes
+request ``order[p // H_kv]``: the long contexts start in the first wave and the short ones
+fill the gaps at the end, the rule a scheduler of jobs on identical machines calls LPT
+(longest processing time first).
 
 The KV is indexed as in the split-KV kernel (FlashInfer's paged index, chapter 17), with the
 same helpers for the rows of a tile. As there, the loop reads the tokens before this step's,
@@ -82,7 +83,7 @@ def _decode_batch_kernel(
 ):
     if PDL:  # the next kernel may be scheduled as soon as every program of this one runs
         tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)  # programs are handed out in this order: the longest requests first
+    pid = tl.program_id(0)  # the GPU starts programs by id; ``order`` picks each one's request
     b = tl.load(order_ptr + pid // NUM_KV_HEADS)
     kv_head = pid % NUM_KV_HEADS
     first_page = tl.load(indptr_ptr + b)
@@ -240,17 +241,18 @@ def decode_attention_batch(
     pool's per-token view); ``kv_indptr: [B + 1]``, ``kv_page_ids: [kv_indptr[B]]`` and
     ``kv_last_page_len: [B]`` int32/int64 on the device (FlashInfer's paged index, pages of
     ``page_size`` slots), every context at least one token;
-    ``sm_scale`` usually ``D ** -0.5``. ``order: [B]`` int32/int64 on the device, a
-    permutation of the batch's rows (longest context first: ``attention.split_kv.longest_first``), is the
-    order in which the requests' programs start; None keeps the batch's. No length bound:
-    each program's trip count is read from the index. With PDL, q and each request's last token's K/V may be written by the
-    kernel just before. That every page id lies inside the pool is the caller's to ensure
-    (the host cannot read them without a sync), and so is ``order`` being a permutation (a
-    repeated row leaves another unwritten). Returns ``[B, H_q, D]`` in q's dtype, from
-    one launch of ``B x H_kv`` programs. ``D`` must be a power of two of at least 16.
+    ``sm_scale`` usually ``D ** -0.5``. ``order: [B]`` int32/int64 on q's device, a
+    permutation of the batch's rows (``attention.split_kv.longest_first``), is the order in
+    which the requests' programs start; None keeps the batch's. No length bound: each
+    program's trip count is read from the index. With PDL, q and each request's last
+    token's K/V may be written by the kernel just before. That every page id lies inside
+    the pool is the caller's to ensure (the host cannot read them without a sync), and so
+    is ``order`` being a permutation (a repeated row leaves another unwritten). Returns
+    ``[B, H_q, D]`` in q's dtype, from one launch of ``B x H_kv`` programs. ``D`` must be
+    a power of two of at least 16.
 
     Raises:
-        ValueError: on shapes, dtypes or sizes that disagree.
+        ValueError: on shapes, dtypes, sizes or devices that disagree.
     """
     _check_q(q, k_slots, v_slots)
     # a length bound and a split count of 1: neither is a parameter of this kernel
@@ -291,7 +293,7 @@ def decode_attention_batch_qkv(
     (not checked: a device read). Returns ``[B, H_q, D]``.
 
     Raises:
-        ValueError: on shapes, dtypes or sizes that disagree.
+        ValueError: on shapes, dtypes, sizes or devices that disagree.
     """
     qk = (positions, cos_sin_cache, q_norm, k_norm, eps)
     out, from_qkv = _check_qkv(qkv, *qk, k_slots, v_slots, out_loc, num_qo_heads)
