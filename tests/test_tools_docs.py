@@ -361,6 +361,17 @@ def test_the_practice_table_is_in_chapter_order(project):
     assert ids == ["281", "191"]
 
 
+def test_every_chapter_with_practice_problems_links_them():
+    """A chapter whose manifest lists exercises shows them (and their judge commands) with
+    ``@@exercises@@``: nothing else fails when a page being shortened loses the macro."""
+    missing = [
+        ch.key
+        for ch in load_chapters(ROOT)
+        if ch.exercises and "@@exercises@@" not in ch.prose_path.read_text(encoding="utf-8")
+    ]
+    assert missing == []
+
+
 # ------------------------------------------------------------------ the mkdocs build
 
 
