@@ -424,6 +424,7 @@ def test_a_large_decode_on_the_batch_kernel_gives_flashinfers_logits(monkeypatch
     unfused layers) and from qkv, against FlashInfer's (the kernel off), within chapter 17's
     tolerance, 2 % of each step's logit range; then the batch kernel in a CUDA graph of 64,
     its programs longest first, gives the eager run's tokens."""
+    from minisgl.attention.split_kv import longest_first
     from minisgl.benchmark import manual
     from minisgl.engine import Engine, EngineConfig
     from minisgl.env import ENV
@@ -459,8 +460,12 @@ def test_a_large_decode_on_the_batch_kernel_gives_flashinfers_logits(monkeypatch
     eager, _ = manual.greedy(engine, manual.place(engine, ids, 8), 8, use_graph=False)
     graph, _ = manual.greedy(engine, manual.place(engine, ids, 8), 8, use_graph=True)
     assert graph == eager
-    replayed = engine.attn_backend._graph_index.order[:64].tolist()  # the last replay's copy
-    assert sorted(replayed) == list(range(64)) and replayed != list(range(64))
+    index = engine.attn_backend._graph_index  # the last replay's copies
+    pages, last = index.kv_indptr[:65].diff().tolist(), index.kv_last_page_len[:64].tolist()
+    lens = [(n - 1) * engine.attn_backend.page_size + t for n, t in zip(pages, last)]
+    replayed = index.order[:64].tolist()
+    assert replayed == longest_first(lens, engine.attn_backend.num_kv_heads, 0)
+    assert replayed != list(range(64))  # the prompts' lengths differ
     engine.shutdown()
 
 

@@ -10,9 +10,10 @@ longer than ``SPLIT_KV_MAX_SEQ_LEN`` tokens (the kernel's loop count is fixed at
 time from the longest possible context, so one CUDA graph serves every length). Decode
 batches of ``DECODE_BATCH_MIN_BS`` requests or more, which fill the GPU without a split, go
 to the batch kernel (``kernel.decode_attention_batch``, ``triton/decode_batch.py``), which
-keeps several tiles of each program in flight and starts the longest contexts first
-(``longest_first``); every other batch goes to ``fallback`` (FlashInfer on CUDA), the way
-``HybridBackend`` sends prefill and decode batches to two backends.
+keeps several tiles of each program in flight and, past one wave of programs, starts the
+longest contexts first (``longest_first``); every other batch goes to ``fallback``
+(FlashInfer on CUDA), the way ``HybridBackend`` sends prefill and decode batches to two
+backends.
 
 Both kernels read FlashInfer's paged index (chapter 17, ``fi.paged_kv_index``) from device
 tensors, ``SplitKVMetadata``. For a CUDA graph the index is copied into fixed buffers before
@@ -58,10 +59,10 @@ BATCH_PROGRAMS_PER_SM = 5  # Hopper: 128 threads x 96 registers, 39 KB shared ea
 
 @dataclass
 class SplitKVMetadata(BaseAttnMetadata):
-    """A decode batch's paged KV index, on the device, as both kernels read it:
-    request ``b``'s pages are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]`` and its last page
-    holds ``kv_last_page_len[b]`` tokens. Under a CUDA graph these are views of the graph's
-    fixed buffers."""
+    """A decode batch's paged KV index, on the device, as the kernels read it: request
+    ``b``'s pages are ``kv_page_ids[kv_indptr[b]:kv_indptr[b+1]]`` and its last page holds
+    ``kv_last_page_len[b]`` tokens; ``order`` is read by the batch kernel only. Under a CUDA
+    graph these are views of the graph's fixed buffers."""
 
     kv_indptr: torch.Tensor  # [B + 1] int32
     kv_page_ids: torch.Tensor  # [pages] int32
@@ -76,12 +77,13 @@ class SplitKVMetadata(BaseAttnMetadata):
 def longest_first(seq_lens: Sequence[int], num_kv_heads: int, resident_programs: int) -> List[int]:
     """The order in which the batch kernel starts a batch's programs, as a list of its rows.
 
-    With more programs (``len(seq_lens) x num_kv_heads``) than the GPU holds at once
-    (``resident_programs``), the longest contexts first (ties in the batch's order): they are
-    read from the first wave on and the short ones fill the GPU at the end. With fewer, every
-    program starts at once, there is no last wave to shorten, and the batch keeps its order
-    (sorted, one layer's attention was slower: the performance case study).
-    ``MINISGL_DISABLE_LONGEST_FIRST`` keeps it always."""
+    ``seq_lens`` are the requests' contexts in tokens. With more programs
+    (``len(seq_lens) x num_kv_heads``) than the GPU holds at once (``resident_programs``; 0
+    sorts every batch), the longest contexts first (ties in the batch's order): they are read
+    from the first wave on and the short ones fill the GPU at the end. With fewer, every
+    program starts at once, there is no last wave to shorten, and the batch keeps its order:
+    there sorting made a layer's attention slower (the performance case study).
+    ``MINISGL_DISABLE_LONGEST_FIRST`` keeps the batch's order always."""
     rows = range(len(seq_lens))
     if ENV.DISABLE_LONGEST_FIRST or len(seq_lens) * num_kv_heads <= resident_programs:
         return list(rows)

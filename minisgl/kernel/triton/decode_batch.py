@@ -290,7 +290,9 @@ def decode_attention_batch_qkv(
     RMSNorm weights, ``cos_sin_cache: [max_pos, D]`` float32 the RoPE table. Each program
     normalises and rotates its own query heads and its KV head's key, stores that K/V and
     scores the token from registers. Every position must be below ``cos_sin_cache.shape[0]``
-    (not checked: a device read). Returns ``[B, H_q, D]``.
+    (not checked: a device read), and ``order`` a permutation: a row it leaves out is
+    neither attended nor stored, and the pool keeps that token's old K/V. Returns
+    ``[B, H_q, D]`` in qkv's dtype.
 
     Raises:
         ValueError: on shapes, dtypes, sizes or devices that disagree.
