@@ -7,7 +7,7 @@
    the unfused path: the same logits, and the kernel ops a decode step launches.
 4. On a GPU: the Triton store and gather against torch, bit for bit and timed. (The batch-1
    decode step after each of the chapter's speed-ups is ``python -m minisgl.benchmark.batch1``,
-   chapter 21's benchmark.)
+   chapter 22's benchmark.)
 
     python examples/ch19_kernels.py [--model PATH] [--device cpu|cuda]
 """

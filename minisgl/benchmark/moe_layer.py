@@ -1,4 +1,4 @@
-"""Time one MoE layer: the torch reference loop against the fused Triton backend (chapter 20).
+"""Time one MoE layer: the torch reference loop against the fused Triton backend (chapter 21).
 
     python -m minisgl.benchmark.moe_layer               # Qwen3-30B-A3B's MoE shapes, bf16, on CUDA
     python -m minisgl.benchmark.moe_layer --tokens 1 64 4096 --experts 64 --top-k 4

@@ -326,7 +326,7 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--enable-retraction",
         action="store_true",
-        help="optimistic admission with retraction (chapter 22)",
+        help="optimistic admission with retraction (chapter 23)",
     )
     p.add_argument(
         "--tp",

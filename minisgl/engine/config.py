@@ -38,7 +38,7 @@ class EngineConfig:
     device: str | None = None  # None: MINISGL_DEVICE, else CUDA when available, else CPU
     max_running_req: int = 256
     attention_backend: str = "auto"
-    moe_backend: str = "auto"  # MoE models (chapter 20): "torch", "fused" (Triton), "auto"
+    moe_backend: str = "auto"  # MoE models (chapter 21): "torch", "fused" (Triton), "auto"
     page_size: int = 1
     memory_ratio: float = 0.9
     num_page_override: int | None = None

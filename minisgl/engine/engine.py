@@ -111,7 +111,7 @@ class Engine:
         with torch.device("meta"), torch_dtype(self.dtype):
             model = create_model(mc)
         weights = load_weight(self.config.model_path, self.device, self.dtype, mc.num_kv_heads)
-        if mc.is_moe:  # chapter 20: stacked experts, and the backend that runs them
+        if mc.is_moe:  # chapter 21: stacked experts, and the backend that runs them
             from minisgl.models.moe_weight import stack_experts
             from minisgl.moe import create_moe_backend
 

@@ -8,7 +8,7 @@ runs the first one that
    chapters add, and their ops then keep an earlier implementation;
 2. runs where the call's *main input* lives (its first floating-point tensor): torch
    everywhere; FlashInfer (``fi_ops``, chapter 17) and Triton (``triton/``, chapters 19 and
-   20) on CUDA, when they import and ``MINISGL_TORCH_KERNELS`` is not set; Triton also on the
+   21) on CUDA, when they import and ``MINISGL_TORCH_KERNELS`` is not set; Triton also on the
    CPU under ``TRITON_INTERPRET=1``, which is how the CPU tests run its kernels;
 3. is not switched off by its ``ENV`` switch (``MINISGL_DISABLE_GEMV``,
    ``MINISGL_DISABLE_LM_HEAD_KERNEL``, ``MINISGL_DISABLE_SAMPLE_KERNEL``: for measuring what
@@ -168,7 +168,7 @@ OPS: Dict[str, Tuple[Impl, ...]] = {
     "decode_attention_batch_qkv": (
         Impl("triton", "triton.decode_batch", "decode_attention_batch_qkv"),
     ),
-    # mixture of experts (chapter 20)
+    # mixture of experts (chapter 21)
     "moe_grouped_gemm": (Impl("triton", "triton.moe", "fused_moe_kernel_triton"),),
 }
 

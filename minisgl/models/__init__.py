@@ -25,7 +25,7 @@ MODEL_REGISTRY.register("Qwen3ForCausalLM")(Qwen3ForCausalLM)
 
 @MODEL_REGISTRY.register("Qwen3MoeForCausalLM")
 def _qwen3_moe(config: ModelConfig) -> BaseLLMModel:
-    from .qwen3_moe import Qwen3MoeForCausalLM  # chapter 20: imported only when asked for
+    from .qwen3_moe import Qwen3MoeForCausalLM  # chapter 21: imported only when asked for
 
     return Qwen3MoeForCausalLM(config)
 

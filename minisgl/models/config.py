@@ -1,7 +1,7 @@
 """The handful of numbers the engine needs from a Hugging Face ``config.json``.
 
 Mirrors upstream ``minisgl.models.config``. Works with transformers 4.x (``rope_theta``,
-``rope_scaling``) and 5.x (``rope_parameters``). The MoE fields (chapter 20) are 0/empty
+``rope_scaling``) and 5.x (``rope_parameters``). The MoE fields (chapter 21) are 0/empty
 for a dense model; a checkpoint names its expert count ``num_experts`` (the hub's
 Qwen3-MoE files) or ``num_local_experts`` (what transformers 5 writes).
 """
@@ -39,7 +39,7 @@ class ModelConfig:
     rotary_config: RotaryConfig
     architectures: List[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
     model_type: str = "llama"
-    # mixture of experts (chapter 20): E experts of width moe_intermediate_size, top-k per token
+    # mixture of experts (chapter 21): E experts of width moe_intermediate_size, top-k per token
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0

@@ -13,7 +13,7 @@ class SchedulerConfig(EngineConfig):
     chunked, chapter 10); ``cache_type`` is ``"radix"`` or ``"naive"``; ``offline_mode``
     means no processes and no sockets (the ``LLM`` class). ``enable_retraction`` admits on
     an estimate of each request's future tokens and retracts running requests when a decode
-    step runs out of KV pages (chapter 22); off, admission reserves every ``max_tokens``.
+    step runs out of KV pages (chapter 23); off, admission reserves every ``max_tokens``.
 
     Online, ``ipc_dir`` is the launch's private directory of socket files (chapter 14);
     the ``zmq_*_addr`` properties name the sockets in it. Upstream keys them on the pid.

@@ -38,7 +38,7 @@ class DecodeManager:
 
     def estimated_tokens(self, new_token_ratio: float) -> int:
         """``inflight_tokens`` with what each has left scaled by ``new_token_ratio`` and
-        rounded up (chapter 22); equal to ``inflight_tokens`` at 1."""
+        rounded up (chapter 23); equal to ``inflight_tokens`` at 1."""
         if new_token_ratio == 1.0:
             return self.inflight_tokens
         slack = (self.page_size - 1) * len(self.running_reqs)

@@ -45,7 +45,7 @@ class PrefillAdder:
     tokens already promised, starting with what the decoding requests may still need;
     each admitted request adds its own remaining prompt and output, plus ``P - 1``.
     ``new_token_ratio``: the share of each output budget reserved; 1 reserves all of it,
-    below 1 is chapter 22's optimistic admission (``minisgl.scheduler.retract``).
+    below 1 is chapter 23's optimistic admission (``minisgl.scheduler.retract``).
     """
 
     token_budget: int
@@ -156,7 +156,7 @@ class PrefillManager:
     ) -> Batch | None:
         """First come, first served: admit from the head of the queue and stop at the first
         request that does not fit, so no request can be overtaken forever.
-        ``new_token_ratio`` scales every output reservation (chapter 22; 1: all of it)."""
+        ``new_token_ratio`` scales every output reservation (chapter 23; 1: all of it)."""
         if not self.pending_list:
             return None
         adder = PrefillAdder(

@@ -1,5 +1,5 @@
 """Optimistic admission and retraction: reserve a guess of each request's future tokens, and
-take running requests back out when the guess runs out of KV pages (chapter 22).
+take running requests back out when the guess runs out of KV pages (chapter 23).
 
 Chapter 7's admission reserves every output token a request may produce (``max_tokens``),
 so a request that never uses its budget still blocks the queue. With retraction on, the

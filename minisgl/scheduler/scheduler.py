@@ -86,7 +86,7 @@ class Scheduler(SchedulerIOMixin):
         self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
-        # chapter 22, loaded only when on: admit on an estimate, retract when pages run out
+        # chapter 23, loaded only when on: admit on an estimate, retract when pages run out
         self.retract_manager = None  # a retract.RetractManager when on (typed there: no circle)
         if config.enable_retraction:
             from .retract import RetractManager
@@ -252,7 +252,7 @@ class Scheduler(SchedulerIOMixin):
     def _schedule_next_batch(self) -> ForwardInput | None:
         # prefill first: new requests get their first token soon; decode otherwise
         retract = self.retract_manager
-        # the share of each output budget admission reserves: all of it unless chapter 22's on
+        # the share of each output budget admission reserves: all of it unless chapter 23's on
         ratio = 1.0 if retract is None else retract.new_token_ratio.value
         batch = self.prefill_manager.schedule_next_batch(self.prefill_budget, ratio)
         if batch is None and retract is not None:  # a page for every decoding request

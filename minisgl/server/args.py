@@ -127,7 +127,7 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument(
         "--moe-backend",
         default=ServerArgs.moe_backend,
-        help="MoE models: torch, fused or auto (chapter 20)",
+        help="MoE models: torch, fused or auto (chapter 21)",
     )
     p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
     p.add_argument(
@@ -176,7 +176,7 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         "--enable-retraction",
         action="store_true",
         help="admit on an estimate of each request's output and retract running requests "
-        "when KV pages run out, so long answers cannot starve short ones (chapter 22)",
+        "when KV pages run out, so long answers cannot starve short ones (chapter 23)",
     )
     p.add_argument(
         "--tp",

@@ -1,7 +1,7 @@
 """One command for the GPU session: every GPU path of stage 4, with PASS/FAIL lines.
 
     python -m tools.diagnostics.gpu_check                # environment, models, tests, benchmarks
-    python -m tools.diagnostics.gpu_check --only tests   # the @pytest.mark.gpu tests of ch. 17-21
+    python -m tools.diagnostics.gpu_check --only tests   # the @pytest.mark.gpu tests of ch. 17-22
     python -m tools.diagnostics.gpu_check --only bench   # decode step times + a short offline run
     python -m tools.diagnostics.gpu_check --only full    # 256 requests, transformers beside it
     python -m tools.diagnostics.gpu_check --only matrix  # the same: overlap on/off x radix/naive

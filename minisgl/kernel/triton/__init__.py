@@ -1,4 +1,4 @@
-"""The book's Triton kernels (chapters 19 and 20), one module per kernel family.
+"""The book's Triton kernels (chapters 19 and 21), one module per kernel family.
 
 * ``store``: the KV store and the embedding gather (rows moved, nothing computed);
 * ``gemv``: a small-batch matrix-vector product with split-K;
@@ -6,7 +6,7 @@
 * ``lm_head``: the final norm and the LM head in one persistent kernel;
 * ``decode``: split-KV decode attention for a few requests;
 * ``sample``: temperature sampling in one pass over the logits (the Gumbel-max trick);
-* ``moe``: the grouped GEMM of a mixture of experts (chapter 20);
+* ``moe``: the grouped GEMM of a mixture of experts (chapter 21);
 * ``pdl``, ``timeline``, ``checks``: what the kernels share (programmatic dependent launch,
   per-program timestamps, the host-side checks of their operands).
 

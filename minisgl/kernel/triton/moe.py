@@ -19,7 +19,7 @@ made. Float32 inputs use IEEE products (``input_precision="ieee"``), not TF32, s
 run matches the torch reference to rounding. Also runs on the CPU under
 ``TRITON_INTERPRET=1``. Mirrors upstream ``minisgl.kernel.triton.fused_moe.fused_moe_kernel``
 and ``minisgl.kernel.moe_impl.fused_moe_kernel_triton`` (without upstream's grouped
-program ordering for L2 reuse, see chapter 20's exercises).
+program ordering for L2 reuse, see chapter 21's exercises).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# The cells of chapter 22's notebook that run each part on the real managers, with no model
+# The cells of chapter 23's notebook that run each part on the real managers, with no model
 # (tools/notebook_parts.py puts each after the section its `part` names).
 
 # %% part="A guess that learns: `NewTokenRatio`"

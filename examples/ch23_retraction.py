@@ -1,4 +1,4 @@
-"""Chapter 22: admission on an estimate of future tokens, and retraction when it runs out.
+"""Chapter 23: admission on an estimate of future tokens, and retraction when it runs out.
 
 Part 1 runs SmolLM2 with a pool of only 9 pages of 4 tokens and three requests of 14 output
 tokens, retraction on: each step's batch, free pages and new-token ratio, and every
@@ -7,7 +7,7 @@ beside Hugging Face. Part 2 is the starvation case: two requests that may run to
 context (the default max_tokens) and a 4-token one behind them, with and without
 retraction; it prints when the short one finishes.
 
-    python examples/ch22_retraction.py [--model PATH] [--device cpu|cuda]
+    python examples/ch23_retraction.py [--model PATH] [--device cpu|cuda]
 """
 
 # output: mask \d+\.\d+ s

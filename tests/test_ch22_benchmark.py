@@ -1,4 +1,4 @@
-"""Chapter 21: the benchmarks.
+"""Chapter 22: the benchmarks.
 
 On the CPU: the workload is exactly nano-vllm's (133,966 output tokens), the table
 helper, resetting the prefix cache between runs, and a smoke run of the offline benchmark

@@ -1,4 +1,4 @@
-"""Chapter 20: a mixture-of-experts model (Qwen3-MoE): routing, alignment, HF equality.
+"""Chapter 21: a mixture-of-experts model (Qwen3-MoE): routing, alignment, HF equality.
 
 The tiny Qwen3-MoE (4 layers, 8 experts of which each token uses 2) runs one prompt; the
 script records what the router of layer 0 decided, prints each token's experts and
@@ -7,7 +7,7 @@ Triton kernel reads. Then it runs that layer's experts through the fused Triton 
 (compiled on CUDA; in Triton's interpreter on the CPU) and the torch loop, and finally
 generates from a few prompts and compares the tokens with ``transformers``.
 
-    python examples/ch20_moe.py [--model PATH] [--device cpu|cuda]
+    python examples/ch21_moe.py [--model PATH] [--device cpu|cuda]
 """
 
 # output: mask \d\.\de[-+]\d+

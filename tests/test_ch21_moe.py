@@ -1,4 +1,4 @@
-"""Chapter 20: mixture of experts (Qwen3-MoE): routing, alignment, two backends, HF equality.
+"""Chapter 21: mixture of experts (Qwen3-MoE): routing, alignment, two backends, HF equality.
 
 On the CPU: the router against ``transformers``' ``Qwen3MoeTopKRouter``, the alignment's
 invariants, the torch backend against ``Qwen3MoeSparseMoeBlock``, the expert stacking of
@@ -345,7 +345,7 @@ def test_triton_kernel_matches_torch_in_the_interpreter():
         from minisgl.moe.fused import fused_experts
         from minisgl.moe.routing import fused_topk
         from minisgl.moe.torch_backend import torch_experts
-        from test_ch20_moe import assert_close, random_moe
+        from test_ch21_moe import assert_close, random_moe
 
         small = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16}
         cases = [  # tokens, hidden, inter, experts, top_k, config (None: the default for T)

@@ -1,4 +1,4 @@
-"""Chapter 22: admission on an estimate of future tokens, and retraction of running requests
+"""Chapter 23: admission on an estimate of future tokens, and retraction of running requests
 when a decode step runs out of KV pages. Mostly on the fake-model scheduler of
 ``tests/scheduler_harness.py``, which checks every page and row before every step."""
 

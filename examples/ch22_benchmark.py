@@ -1,11 +1,11 @@
-"""Chapter 21: the offline benchmark's workload, and a run of it.
+"""Chapter 22: the offline benchmark's workload, and a run of it.
 
 Prints the nano-vllm workload (256 random prompts, 133,966 output tokens) and then runs
 the offline benchmark on a scaled-down copy of it: 4 short requests on the CPU, 64 on a
 GPU. ``--full`` runs the real thing (on a GPU, with the Qwen3-0.6B-shaped model), and
 ``--hf`` adds Hugging Face's continuous batching beside it:
 
-    python examples/ch21_benchmark.py [--model PATH] [--full] [--hf]
+    python examples/ch22_benchmark.py [--model PATH] [--full] [--hf]
     python -m minisgl.benchmark.offline --hf          # the same, with every option
     python -m minisgl.benchmark.decode_step           # decode step time vs the bandwidth floor
 """
