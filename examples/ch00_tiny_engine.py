@@ -9,7 +9,7 @@ attention over a per-request KV cache, a SwiGLU MLP and an LM head tied to the e
 Generation is the two phases every serving engine has: *prefill* runs the whole prompt at
 once and fills the cache, then *decode* feeds back one token at a time, reading the cache
 instead of recomputing the past. Each request owns one contiguous cache tensor sized for
-its longest possible length, the simple scheme that the paged KV cache of chapter 4 replaces.
+its longest possible length, the simple scheme that the book's paged KV cache replaces.
 """
 
 # output: mask decode \d+\.\d ms

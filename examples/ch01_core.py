@@ -18,7 +18,6 @@ req = Req(
     output_len=4,
     uid=0,
     sampling_params=SamplingParams(max_tokens=4),
-    cache_handle=None,  # type: ignore[arg-type]
 )
 
 

@@ -1,9 +1,9 @@
 """Chapter 3: SmolLM2 built from the book's blocks, checked against Hugging Face.
 
 The weights are streamed from safetensors, q/k/v and gate/up merged on the way in; then
-one prompt runs through the model. There is no KV cache yet (chapter 4) and no attention
-backend (chapter 5): a ten-line stand-in attends over the prompt alone, which is all a
-single forward pass over one prompt needs.
+one prompt runs through the model. There is no KV cache yet and no attention backend: a
+ten-line stand-in attends over the prompt alone, which is all a single forward pass over
+one prompt needs.
 """
 
 # output: mask = \d\.\de[-+]\d+;
@@ -52,7 +52,7 @@ print(
 
 with torch.device("meta"), torch_dtype(torch.float32):
     model = create_model(config)  # shapes only: no memory yet
-weights = dict(load_weight(path, torch.device("cpu"), torch.float32, config.num_kv_heads))
+weights = dict(load_weight(path, torch.device("cpu"), torch.float32))
 for name in ["model.layers.0.self_attn.qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight"]:
     print(f"  merged on load: {name} {tuple(weights[name].shape)}")
 model.load_state_dict(weights)
@@ -64,10 +64,10 @@ print(f"  {num_params / 1e6:.1f} M parameters loaded")
 tokenizer = AutoTokenizer.from_pretrained(path)
 prompt = "The capital of France is"
 ids = torch.tensor(tokenizer.encode(prompt), dtype=torch.int32)
-ctx = Context(page_size=1)
+ctx = Context()
 ctx.attn_backend = PromptOnlyAttention()  # type: ignore[assignment]
 set_global_ctx(ctx)
-batch = Batch([Req(ids, 0, 0, 1, 0, SamplingParams(), None)], phase="prefill")  # type: ignore[arg-type]
+batch = Batch([Req(ids, 0, 0, 1, 0, SamplingParams())], phase="prefill")
 batch.input_ids, batch.positions = ids, torch.arange(len(ids))
 batch.attn_metadata = PromptOnlyAttention.Meta(len(ids))
 with torch.inference_mode(), ctx.forward_batch(batch):

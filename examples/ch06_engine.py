@@ -52,7 +52,6 @@ for row, text in enumerate(prompts):
             output_len=8,
             uid=row,
             sampling_params=SamplingParams(max_tokens=8),
-            cache_handle=None,
         )
     )  # type: ignore[arg-type]
 

@@ -88,7 +88,6 @@ def run_by_hand(path: Path) -> None:
                 output_len=args.new_tokens,
                 uid=uid,
                 sampling_params=SamplingParams(max_tokens=args.new_tokens),
-                cache_handle=None,
             )
         )  # type: ignore[arg-type]
 

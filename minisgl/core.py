@@ -10,14 +10,28 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, List, Literal
+from typing import (
+    TYPE_CHECKING,  # +ch02
+    Iterator,
+    List,
+    Literal,
+)
 
 import torch
 
+# >>> ch02
 if TYPE_CHECKING:
-    from minisgl.attention import BaseAttnBackend
-    from minisgl.kvcache import BaseCacheHandle, BaseKVCachePool
-    from minisgl.moe import BaseMoeBackend
+    from minisgl.attention.base import BaseAttnBackend
+
+    # >>> ch04
+    from minisgl.kvcache import (
+        BaseCacheHandle,
+        BaseKVCachePool,  # +ch05
+    )
+
+    # <<< ch04
+    from minisgl.moe import BaseMoeBackend  # +ch21
+# <<< ch02
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's limit for top_logprobs)
@@ -30,7 +44,7 @@ class SamplingParams:
     ``temperature`` 0 means greedy; ``top_k`` -1 means the whole vocabulary; ``top_p`` is
     the nucleus mass in (0, 1]; ``max_tokens`` counts output tokens (>= 1). ``seed`` (any
     int64) makes this request's draws its own: the same seed, prompt and parameters give the
-    same tokens whatever else is batched with it (chapter 6). ``logprobs`` None computes no
+    same tokens whatever else is batched with it. ``logprobs`` None computes no
     log-probabilities; ``k`` >= 0 returns each output token's and the ``k`` most likely
     alternatives' (at most ``MAX_TOP_LOGPROBS``).
 
@@ -85,7 +99,9 @@ class Req:
     output_len: int  # max_tokens
     uid: int
     sampling_params: SamplingParams
-    cache_handle: BaseCacheHandle
+    # >>> ch04: its hold on the prefix cache (None for a request built by hand)
+    cache_handle: BaseCacheHandle | None = None
+    # <<< ch04
 
     def __post_init__(self) -> None:
         assert self.input_ids.is_cpu, "Req.input_ids must live on the CPU"
@@ -133,7 +149,7 @@ class Batch:
 
     The scheduler fills ``input_ids`` ``[T]``, ``positions`` ``[T]`` and ``out_loc`` ``[T]``
     (the KV slot each token is written to); the attention backend fills ``attn_metadata``.
-    ``padded_reqs`` equals ``reqs`` unless CUDA graphs pad the batch with dummy requests.
+    ``padded_reqs`` equals ``reqs`` unless the batch is padded with dummy requests.
     """
 
     reqs: List[Req]
@@ -168,19 +184,22 @@ class Batch:
 class Context:
     """What a layer deep inside the model needs but cannot be handed as an argument.
 
-    The attention layer needs the current batch, the KV pool and the attention backend;
-    threading them through every ``forward`` would clutter each model file, so the engine
-    keeps one ``Context`` and publishes it with ``set_global_ctx`` (the one global the book
-    keeps, as upstream does). ``page_table`` is ``[max_running_req + 1, C]`` int32, with
-    ``C = align_up(max_seq_len, 32)``: entry ``[row, pos]`` is the KV-pool slot of token
-    ``pos`` of the request in ``row`` (slots are token indices even when ``P`` > 1).
+    The layers need the batch being forwarded; threading it through every ``forward`` would
+    clutter each model file, so the engine keeps one ``Context`` and publishes it with
+    ``set_global_ctx`` (the one global the book keeps, as upstream does).
     """
 
-    page_size: int
-    page_table: torch.Tensor = field(init=False)
+    # >>> ch02: the attention layer hands its q, k and v to the backend
     attn_backend: BaseAttnBackend = field(init=False)
+    # <<< ch02
+    # >>> ch05: what a paged backend reads: ``page_table`` is ``[max_running_req + 1, C]``
+    # int32, ``C`` a multiple of 32; entry ``[row, pos]`` is the KV-pool slot of token ``pos``
+    # of the request in ``row`` (slots are token indices even when ``P`` > 1)
+    page_size: int = 1
+    page_table: torch.Tensor = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)
-    moe_backend: BaseMoeBackend = field(init=False)  # MoE models only (chapter 21)
+    # <<< ch05
+    moe_backend: BaseMoeBackend = field(init=False)  # MoE models only  # +ch21
     _batch: Batch | None = field(default=None, init=False)
 
     @property

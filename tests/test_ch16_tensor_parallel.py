@@ -38,6 +38,7 @@ from minisgl.layers.shard import (
     vocab_range,
 )
 from minisgl.llm import LLM
+from minisgl.models.weight import shard_tensor
 from minisgl.server.args import parse_args
 from tests.helpers import DEVICE
 from tests.test_ch15_server import Server
@@ -99,6 +100,14 @@ def test_vocab_shards_are_equal_sized_and_padded_with_zeros(vocab, size):
     ranges = [vocab_range(vocab, r, size) for r in range(size)]
     assert ranges[0].start == 0 and ranges[-1].end == vocab
     assert all(a.end == b.start for a, b in zip(ranges, ranges[1:]))
+
+
+def test_the_loader_cuts_columns_rows_and_replicates_kv():
+    w = torch.arange(24.0).view(6, 4)
+    assert torch.equal(shard_tensor("x.q_proj.weight", w, 1, 2, 2), w[3:])
+    assert torch.equal(shard_tensor("x.o_proj.weight", w, 1, 2, 2), w[:, 2:])
+    # 1 KV head, 2 ranks: both ranks keep the whole head
+    assert torch.equal(shard_tensor("x.k_proj.weight", w, 1, 2, 1), w)
 
 
 def test_smollm2_is_refused_at_2_and_4_ranks_naming_its_heads(smollm2_path, capsys):

@@ -25,9 +25,11 @@ import torch
 
 from minisgl.attention.fi import TENSOR_CORE_MAX_BATCH, paged_kv_index, use_tensor_cores
 from minisgl.core import Req, SamplingParams
+from minisgl.engine import Sampler
 from minisgl.env import ENV
 from minisgl.kernel import serves, torch_ops
 from tests.helpers import MODELS, SMOLLM2, hf_encode
+from tests.test_ch06_engine import batch_of
 
 LOGIT_TOL = 0.02  # of the step's logit range (max - min), per element
 SHAPED = MODELS / "qwen3-0.6b-shaped"
@@ -223,6 +225,20 @@ def _teacher_forced_logits(engine, ids, steps, forced=None):
         engine, manual.place(engine, ids, steps), steps, use_graph=False, forced=forced
     )
     return tokens, logits
+
+
+def test_warm_up_draws_without_touching_the_sampler_stream():
+    """The engine's start-up draw (on CUDA, so FlashInfer compiles its sampling kernels before
+    the first request) must not move the stream every later draw comes from."""
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(64, -1)
+    params = batch_of([SamplingParams(temperature=1.0)] * 64)
+    warmed, cold = Sampler(torch.device("cpu"), 3, seed=5), Sampler(torch.device("cpu"), 3, seed=5)
+    before = warmed.generator.get_state()
+    warmed.warm_up(torch.float32)
+    assert torch.equal(warmed.generator.get_state(), before)
+    assert torch.equal(
+        warmed.sample(logits, warmed.prepare(params)), cold.sample(logits, cold.prepare(params))
+    )
 
 
 # --------------------------------------------------------------------------- GPU

@@ -211,7 +211,7 @@ def _checkpoint(path):
 
 def test_loader_stacks_experts_by_id(moe_path):
     ckpt = _checkpoint(moe_path)
-    weights = dict(stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32, 2), 8))
+    weights = dict(stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32), 8))
     layer = "model.layers.2.mlp"
     assert weights[f"{layer}.experts.gate_up_proj"].shape == (8, 64, 64)
     assert weights[f"{layer}.experts.down_proj"].shape == (8, 64, 32)
@@ -240,12 +240,12 @@ def test_loader_rejects_missing_or_extra_experts():
 
 def test_stacked_and_per_expert_checkpoints_shard_alike(moe_path):
     """Rank r of 2 from the per-expert files == rank r's cut of the already stacked tensor."""
-    full = dict(stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32, 2), 8))
+    full = dict(stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32), 8))
     try:
         for rank in (0, 1):
             set_tp_info(rank, 2)
             shard = dict(
-                stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32, 2), 8)
+                stack_experts(load_weight(moe_path, torch.device("cpu"), torch.float32), 8)
             )
             for proj, shape in (("gate_up_proj", (8, 32, 64)), ("down_proj", (8, 64, 16))):
                 name = f"model.layers.1.mlp.experts.{proj}"

@@ -1,25 +1,30 @@
-"""Chapter manifests: which files each chapter introduces, and the "files so far" tree.
+"""Chapter manifests: which files each chapter brings in, and the "files so far" tree.
 
-Every engine file exists once, in its final form, under ``minisgl/``. A chapter does not
-fork files; its ``chapters/chNN_<slug>/chapter.toml`` only says which of them it introduces:
+Every engine file exists once, in its final form, under ``minisgl/``; where a later chapter
+adds lines to it, markers say which (``tools/versions.py``), and chapter N's version of the
+file is cut from it. A chapter's ``chapters/chNN_<slug>/chapter.toml`` says which files it
+brings into the tree:
 
     title = "The scheduler skeleton and the offline interface"
     stage = 2
     main = "examples/ch07_scheduler.py"
     tests = ["tests/test_ch07_scheduler.py"]
     new = ["minisgl/scheduler/decode.py", ...]        # explained in this chapter
-    modified = []                                      # introduced earlier, changed here
-    early = { "minisgl/scheduler/cache.py" = 8 }       # needed now, explained in chapter 8
     exercises = [191]
+    [early."minisgl/scheduler/io.py"]                  # needed now, explained later
+    chapter = 14
+    why = "the I/O methods the scheduler's loop calls"
     # optional:
     final_mains = ["examples/ch00_quickstart.py"]      # run against the full tree by `check`
     extra_mains = ["examples/ch00_tiny_engine.py"]     # more mains run in the chapter's tree
     extra = ["examples/helpers.py"]                    # other files the chapter's tree needs
 
-This module reads the manifests, checks them (``static_problems``), works out the status of
-every file at a chapter (``files_so_far``) and draws the tree (``render_tree``). It has no
-state of its own: each call reads the manifests again, so the docs hook always sees the
-current files. ``python -m tools.steps`` is the command line on top of it.
+Which earlier files a chapter *modifies* is not written down: it is every file whose markers
+name the chapter. This module reads the manifests, checks them (``static_problems``), works
+out the status of every file at a chapter (``files_so_far``) and draws the tree
+(``render_tree``). It has no state of its own: each call reads the manifests again, so the
+docs hook always sees the current files. ``python -m tools.steps`` is the command line on
+top of it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
+
+from tools import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = "minisgl"  # the package the tree shows; `new` and `early` files live under it
@@ -50,8 +57,8 @@ class Manifest:
     main: str
     tests: list[str]
     new: list[str] = field(default_factory=list)
-    modified: list[str] = field(default_factory=list)
     early: dict[str, int] = field(default_factory=dict)  # path -> chapter that explains it
+    early_why: dict[str, str] = field(default_factory=dict)  # path -> why it comes early
     exercises: list[int] = field(default_factory=list)
     final_mains: list[str] = field(default_factory=list)
     extra_mains: list[str] = field(default_factory=list)
@@ -74,7 +81,6 @@ class Manifest:
         """Every path the manifest names (all must exist)."""
         return [
             *self.introduced,
-            *self.modified,
             self.main,
             *self.tests,
             *self.final_mains,
@@ -108,9 +114,18 @@ def parse_manifest(toml_path: Path) -> Manifest:
     for key in ("title", "stage", "main"):
         if key not in data:
             raise ValueError(f"{toml_path}: missing key '{key}'")
-    early = data.get("early", {})
-    if not isinstance(early, dict) or not all(isinstance(v, int) for v in early.values()):
-        raise ValueError(f"{toml_path}: 'early' must map paths to chapter numbers")
+    early: dict[str, int] = {}
+    early_why: dict[str, str] = {}
+    for path, spec in (data.get("early") or {}).items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("chapter"), int):
+            raise ValueError(
+                f"{toml_path}: early file {path!r} needs a table: chapter = N, why = \"...\""
+            )
+        early[path], early_why[path] = spec["chapter"], str(spec.get("why", ""))
+    if "modified" in data:
+        raise ValueError(
+            f"{toml_path}: 'modified' is worked out from the markers in the files; remove it"
+        )
     exercises = data.get("exercises", [])
     if not isinstance(exercises, list) or not all(isinstance(v, int) for v in exercises):
         raise ValueError(f"{toml_path}: 'exercises' must be a list of exercise ids")
@@ -123,8 +138,8 @@ def parse_manifest(toml_path: Path) -> Manifest:
         main=str(data["main"]),
         tests=_str_list(data, "tests", toml_path),
         new=_str_list(data, "new", toml_path),
-        modified=_str_list(data, "modified", toml_path),
-        early=dict(early),
+        early=early,
+        early_why=early_why,
         exercises=list(exercises),
         final_mains=_str_list(data, "final_mains", toml_path),
         extra_mains=_str_list(data, "extra_mains", toml_path),
@@ -160,8 +175,8 @@ def introduced_in(manifests: list[Manifest]) -> dict[str, int]:
 def files_so_far(n: int, manifests: list[Manifest] | None = None) -> dict[str, str]:
     """Every file introduced in chapters 0..n, in order of introduction, with its status at n.
 
-    The status is "new" (explained in chapter n), "modified" (introduced earlier, changed
-    in n), "early" (brought in by n, explained later) or "unchanged".
+    The status is "new" (explained in chapter n), "modified" (introduced earlier, and a
+    marker in it names chapter n), "early" (brought in by n, explained later) or "unchanged".
     """
     manifests = manifests if manifests is not None else load_manifests()
     status: dict[str, str] = {}
@@ -171,13 +186,15 @@ def files_so_far(n: int, manifests: list[Manifest] | None = None) -> dict[str, s
         for path in m.introduced:
             status.setdefault(path, "unchanged")
         if m.number == n:
+            root = m.path.parent.parent
+            for path in status:
+                if path.endswith(".py") and (root / path).is_file():
+                    if versions.changes_in((root / path).read_text(encoding="utf-8"), n, path):
+                        status[path] = "modified"
             for path in m.new:
                 status[path] = "new"
             for path in m.early:
                 status[path] = "early"
-            for path in m.modified:
-                if path in status:
-                    status[path] = "modified"
     return status
 
 
@@ -201,7 +218,7 @@ def _marker(path: str, status: str, manifest: Manifest | None) -> str:
         return "  ← modified in this chapter"
     if status == "early":
         later = manifest.early[path] if manifest else "?"
-        return f"  ← brought in early (explained in chapter {later})"
+        return f"  ← brought in early (explained in chapter {later}; see below)"
     return ""
 
 
@@ -222,9 +239,10 @@ def _draw(folder: _Folder, prefix: str, lines: list[str]) -> None:
 def render_tree(n: int, fmt: str = "text", manifests: list[Manifest] | None = None) -> str:
     """The engine tree at chapter ``n``, as printed by ``python -m tools.steps tree N``.
 
-    The header counts this chapter's changes ("Files so far: 61 (9 new, 0 modified, 7
+    The header counts this chapter's changes ("Files so far: 61 (9 new, 2 modified, 1
     brought in early)"), then ``minisgl/`` is drawn with each changed file marked and each
-    folder without changes collapsed to ``name/  (K files, unchanged)``. ``fmt="markdown"``
+    folder without changes collapsed to ``name/  (K files, unchanged)``; last, why each file
+    brought in early is needed. ``fmt="markdown"``
     wraps the same text in a fenced ``text`` block. Raises ValueError for another fmt.
     """
     if fmt not in ("text", "markdown"):
@@ -252,6 +270,14 @@ def render_tree(n: int, fmt: str = "text", manifests: list[Manifest] | None = No
 
     lines = [header, "", f"{ENGINE}/" + ("" if files else "  (no files yet)")]
     _draw(root, "", lines)
+    early = [p for p, s in files.items() if s == "early"]
+    if early and manifest is not None:
+        lines += ["", "Brought in early:"]
+        for path in early:
+            lines.append(
+                f"  {path.removeprefix(ENGINE + '/')} (chapter {manifest.early[path]}): "
+                f"{manifest.early_why.get(path, '')}"
+            )
     text = "\n".join(lines)
     return f"```text\n{text}\n```" if fmt == "markdown" else text
 
@@ -317,13 +343,10 @@ def static_problems(
                     f"explained in chapter {later}, which is not later"
                 )
     for m in manifests:
-        for path in m.modified:
-            c = first.get(path, (None, ""))[0]
-            if c is None:
-                problems.append(f"chapter {m.number}: {path} is modified but never introduced")
-            elif c >= m.number:
+        for path, why in m.early_why.items():
+            if not why.strip():
                 problems.append(
-                    f"chapter {m.number}: {path} is modified but only introduced in chapter {c}"
+                    f"chapter {m.number}: {path} is brought in early without a reason (why = ...)"
                 )
 
     for m in manifests:

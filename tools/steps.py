@@ -39,7 +39,7 @@ from pathlib import Path
 if not __package__:  # run as `python tools/steps.py` (DESIGN.md's form): the repo's root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from tools import captured
+from tools import captured, versions
 from tools.jobs import in_order
 from tools.manifest import (
     ENGINE,
@@ -65,14 +65,19 @@ __all__ = [
     "main",
 ]
 
-# Present in every step tree whatever the chapter: copied if they exist (folders whole).
+# Present in every step tree whatever the chapter: copied if they exist (folders whole),
+# the Python files among them cut to the chapter's version (they may carry markers).
 INFRASTRUCTURE = [
     "pyproject.toml",
     "tests/__init__.py",
     "tests/conftest.py",
-    "tests/helpers/",
+    "tests/helpers/__init__.py",
+    "tests/helpers/models.py",
+    "tests/helpers/reference.py",
     "tools/",
 ]
+# the infrastructure's Python files that markers may cut (tools/ is the book's, not the engine's)
+VERSIONED_INFRASTRUCTURE = [p for p in INFRASTRUCTURE if p.endswith(".py")]
 # Linked into every step tree: large generated data.
 LINKED = ["models"]
 TAIL_LINES = 25  # lines of a failing command's output shown in the report
@@ -172,6 +177,18 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def _write_version(root: Path, rel: str, n: int, dest: Path) -> None:
+    """Write chapter ``n``'s version of ``rel`` (a Python file's markers cut; any other file
+    copied) under ``dest``."""
+    src, out = root / rel, dest / rel
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if rel.endswith(".py"):
+        out.write_text(versions.version(src.read_text(encoding="utf-8"), n, rel), encoding="utf-8")
+        shutil.copymode(src, out)
+    else:
+        shutil.copy2(src, out)
+
+
 def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, list[str]]:
     """Create ``build/steps/NN`` from chapters 0..n; return it and the files that were missing."""
     dest = step_dir(n, root)
@@ -185,11 +202,13 @@ def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, lis
     missing = []
     for rel in wanted:
         if (root / rel).exists():
-            _copy(root / rel, dest / rel)
+            _write_version(root, rel, n, dest)
         else:
             missing.append(rel)
     for rel in INFRASTRUCTURE:
-        if (root / rel).exists():
+        if rel in VERSIONED_INFRASTRUCTURE and (root / rel).exists():
+            _write_version(root, rel, n, dest)
+        elif (root / rel).exists():
             _copy(root / rel, dest / rel.rstrip("/"))
     for rel in LINKED:
         if (root / rel).exists():
@@ -449,10 +468,11 @@ def cmd_list(manifests: list[Manifest]) -> int:
         f"{'so far':>6}  title"
     )
     for m in manifests:
-        total = sum(1 for p in files_so_far(m.number, manifests) if p.startswith(ENGINE + "/"))
+        files = {p: s for p, s in files_so_far(m.number, manifests).items() if p.startswith(ENGINE)}
+        modified = sum(1 for s in files.values() if s == "modified")
         print(
-            f"{m.number:02d}  {m.slug:<12} {m.stage:<5} {len(m.new):>3} {len(m.modified):>3} "
-            f"{len(m.early):>5} {total:>6}  {m.title}"
+            f"{m.number:02d}  {m.slug:<12} {m.stage:<5} {len(m.new):>3} {modified:>3} "
+            f"{len(m.early):>5} {len(files):>6}  {m.title}"
         )
     return 0
 

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import re
+import subprocess
+import tempfile
 import tokenize
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -128,16 +131,19 @@ def module_files(mention: str) -> List[str]:
 
 
 def used_names(text: str) -> List[tuple[int, str]]:
-    """``(line, name)`` for every identifier a Python file uses in code, and every
-    identifier-shaped word of its comments and strings."""
+    """``(line, name)`` for every identifier a Python file uses in code (an attribute only
+    on ``self`` or ``cls``), and every identifier-shaped word of its comments and strings."""
     found: List[tuple[int, str]] = []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return found
-    for tok in tokens:
+    for k, tok in enumerate(tokens):
         if tok.type == tokenize.NAME:
-            found.append((tok.start[0], tok.string))
+            # an attribute counts on self or cls only: x.parse_args() is argparse's own
+            dotted = k >= 2 and tokens[k - 1].string == "."
+            if not dotted or tokens[k - 2].string in ("self", "cls"):
+                found.append((tok.start[0], tok.string))
         elif tok.type in (tokenize.COMMENT, tokenize.STRING) or _is_fstring_part(tok):
             for offset, line in enumerate(tok.string.split("\n")):
                 words = {w for q in _QUOTED.findall(line) for w in q.split(".")}
@@ -258,13 +264,15 @@ def problems(
                 )
 
     first = book.first_defined()
+    # a main that previews the finished engine runs against the full tree (``final_mains``)
+    previews = {p for m in manifests for p in m.final_mains}
     for n in book.numbers:
         bound: Set[str] = set()
         for path in book.tree(n):
             if path.endswith(".py") and path not in broken:
                 bound |= bound_names(book.version(path, n))
         for path in book.tree(n):
-            if path in broken:
+            if path in broken or path in previews:
                 continue
             text = book.version(path, n)
             if path.endswith(".py"):
@@ -298,6 +306,49 @@ def problems(
             if book.version(path, book.last) != book.text(path):
                 found.append(f"{path}: the last chapter's version is not the file")
     return found
+
+
+def lint_problems(book: Book) -> List[str]:
+    """Every chapter's version of every Python file, linted (pyflakes: unused imports,
+    undefined names) and format-checked with the project's ruff settings, each distinct text
+    once. One sentence per finding, naming the first chapter whose version has it."""
+    first: Dict[str, tuple[int, str]] = {}  # text -> (chapter, path)
+    for n in book.numbers:
+        for path in book.tree(n):
+            if path.endswith(".py"):
+                try:
+                    text = book.version(path, n)
+                except versions.MarkerError:
+                    continue
+                first.setdefault(text, (n, path))
+    if not first:
+        return []
+    found: List[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        where: Dict[str, tuple[int, str]] = {}
+        for k, (text, (n, path)) in enumerate(first.items()):
+            f = Path(tmp, f"v{k}", path)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text, encoding="utf-8")
+            where[str(f)] = (n, path)
+        config = ["--config", str(book.root / "pyproject.toml"), "--no-cache"]
+        check = subprocess.run(
+            ["ruff", "check", *config, "--select", "F", "--output-format", "json", tmp],
+            capture_output=True,
+            text=True,
+        )
+        for item in json.loads(check.stdout or "[]"):
+            n, path = where[item["filename"]]
+            line = item["location"]["row"]
+            found.append(f"chapter {n}'s {path}:{line}: {item['code']} {item['message']}")
+        fmt = subprocess.run(
+            ["ruff", "format", *config, "--diff", tmp], capture_output=True, text=True
+        )
+        for line in fmt.stdout.splitlines():
+            if line.startswith("--- ") and line[4:] in where:
+                n, path = where[line[4:]]
+                found.append(f"chapter {n}'s {path} is not formatted (ruff format)")
+    return sorted(found)
 
 
 def changed_files(book: Book, n: int) -> Dict[str, Optional[str]]:

@@ -179,10 +179,23 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
     for line_no, chapter in marked.trailing.items():
         if n < chapter:
             keep[line_no - 1] = False
-    out = []
+    out: List[str] = []
+    blank_before = 0  # blank lines kept just before the run of dropped lines being skipped
+    dropping = False
     for j, line in enumerate(lines):
         if not keep[j]:
+            if not dropping:
+                blank_before = _trailing_blanks(out)
+                dropping = True
             continue
+        if dropping and not line.strip():
+            # the blank lines around a dropped block merge into the larger run of the two, as
+            # a formatter leaves them; none at the top of a file
+            if blank_before > 0 or not out:
+                blank_before -= 1
+                continue
+        elif dropping:
+            dropping = False
         if j in uncomment:
             indent = uncomment[j]
             body = line[len(indent) :]
@@ -191,7 +204,19 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
             elif body:
                 line = indent + (body[2:] if body.startswith("# ") else body[1:])
         out.append(line)
-    return "\n".join(out)
+    result = "\n".join(out)
+    if dropping and text.endswith("\n"):  # a block dropped at the end: one final newline
+        result = result.rstrip("\n") + "\n"
+    return result
+
+
+def _trailing_blanks(lines: List[str]) -> int:
+    count = 0
+    for line in reversed(lines):
+        if line.strip():
+            break
+        count += 1
+    return count
 
 
 def changes_in(text: str, n: int, where: str = "<text>") -> bool:

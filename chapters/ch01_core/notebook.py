@@ -26,7 +26,6 @@ req = Req(
     output_len=3,
     uid=0,
     sampling_params=SamplingParams(max_tokens=3),
-    cache_handle=None,  # type: ignore[arg-type]
 )
 print(req, "extend_len", req.extend_len, "remain_len", req.remain_len)
 while req.can_decode:

@@ -46,7 +46,6 @@ def running(uid, prompt_len, max_tokens, generated):
         output_len=max_tokens,
         uid=uid,
         sampling_params=SamplingParams(max_tokens=max_tokens),
-        cache_handle=None,
     )
     for _ in range(generated):
         req.complete_one()

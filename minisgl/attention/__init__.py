@@ -1,19 +1,21 @@
-"""Attention backends chosen by name: ``torch`` everywhere; ``fi`` (FlashInfer) on CUDA;
-``split_kv`` (chapter 19) for decode batches of up to four requests and of 64 or more, over
-either.
+"""Attention backends chosen by name: ``torch`` everywhere, and whatever else registers.
 
-``"prefill_name,decode_name"`` builds a ``HybridBackend`` (``"fi,torch"``, ``"torch,fi"``).
-A backend module is imported only when its name is asked for, so the CPU never imports
-``flashinfer``. Mirrors upstream ``minisgl.attention``.
+Each backend's module registers it in ``ATTENTION_BACKENDS`` (``register_backend``) with a
+rank and a test of which engines it serves; ``"auto"`` takes the lowest-ranked backend that
+serves the engine's device and dtype, so a faster backend only has to register. The registry
+finds the backends among this package's modules the first time it is asked, and a backend
+imports its kernel library only when it is built, so the CPU never imports a GPU library.
+``"prefill_name,decode_name"`` builds a ``HybridBackend`` (``"torch,torch"`` is one torch
+backend). Mirrors upstream ``minisgl.attention``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Tuple
 
 import torch
 
-from minisgl.core import get_global_ctx
 from minisgl.distributed import get_tp_info
 from minisgl.utils import Registry, div_even
 
@@ -22,52 +24,49 @@ from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
 if TYPE_CHECKING:
     from minisgl.models import ModelConfig
 
-ATTENTION_BACKENDS = Registry[Callable[["ModelConfig"], BaseAttnBackend]]("attention backend")
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A registered backend: ``build(config)`` makes it; ``"auto"`` tries backends in
+    increasing ``rank`` and takes the first whose ``serves(device, dtype)`` is true."""
+
+    build: Callable[[ModelConfig], BaseAttnBackend]
+    rank: int
+    serves: Callable[[torch.device, torch.dtype], bool]
 
 
-@ATTENTION_BACKENDS.register("torch")
-def _torch_backend(config: ModelConfig) -> BaseAttnBackend:
-    from .torch_backend import TorchAttnBackend
+ATTENTION_BACKENDS = Registry[BackendSpec]("attention backend", package=__name__)
 
+
+def register_backend(
+    name: str, rank: int, serves: Callable[[torch.device, torch.dtype], bool]
+) -> Callable[[Callable[[ModelConfig], BaseAttnBackend]], Callable[..., BaseAttnBackend]]:
+    """Decorate a backend's ``build(config)`` to register it as ``name``."""
+
+    def decorator(
+        build: Callable[[ModelConfig], BaseAttnBackend],
+    ) -> Callable[..., BaseAttnBackend]:
+        ATTENTION_BACKENDS.register(name)(BackendSpec(build, rank, serves))
+        return build
+
+    return decorator
+
+
+def local_heads(config: ModelConfig) -> Tuple[int, int]:
+    """This rank's query and KV heads (KV heads replicated when there are fewer than ranks)."""
     tp = get_tp_info().size
-    return TorchAttnBackend(
-        div_even(config.num_qo_heads, tp),
-        div_even(config.num_kv_heads, tp, allow_replicate=True),
-        config.head_dim,
+    return div_even(config.num_qo_heads, tp), div_even(
+        config.num_kv_heads, tp, allow_replicate=True
     )
 
 
-@ATTENTION_BACKENDS.register("fi")
-def _flashinfer_backend(config: ModelConfig) -> BaseAttnBackend:
-    from .fi import FlashInferBackend  # chapter 17
-
-    tp, ctx = get_tp_info().size, get_global_ctx()
-    return FlashInferBackend(
-        div_even(config.num_qo_heads, tp),
-        div_even(config.num_kv_heads, tp, allow_replicate=True),
-        config.head_dim,
-        ctx.kv_cache,  # type: ignore[arg-type]
-        ctx.page_size,
-    )
-
-
-@ATTENTION_BACKENDS.register("split_kv")
-def _split_kv_backend(config: ModelConfig) -> BaseAttnBackend:
-    """Chapter 19: decode batches of up to four requests on the split-KV kernel, of 64 or more
-    on the batch kernel; every other batch on FlashInfer (an fp16/bf16 pool on CUDA) or the
-    torch backend."""
-    from .split_kv import SplitKVBackend
-
-    pool = get_global_ctx().kv_cache
-    on_flashinfer = pool.device.type == "cuda" and pool.dtype in (torch.float16, torch.bfloat16)
-    fallback = (_flashinfer_backend if on_flashinfer else _torch_backend)(config)
-    tp = get_tp_info().size
-    return SplitKVBackend(
-        fallback,
-        div_even(config.num_qo_heads, tp),
-        div_even(config.num_kv_heads, tp, allow_replicate=True),
-        config.head_dim,
-    )
+def resolve_attention_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``name``, or for ``"auto"`` the lowest-ranked backend that serves ``device`` and
+    ``dtype`` (``torch`` serves every engine)."""
+    if name != "auto":
+        return name
+    specs = sorted(ATTENTION_BACKENDS.items().items(), key=lambda item: item[1].rank)
+    return next(n for n, spec in specs if spec.serves(device, dtype))
 
 
 def create_attention_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
@@ -83,13 +82,17 @@ def create_attention_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
         if parts[0] != parts[1]:
             return HybridBackend(*(create_attention_backend(p, config) for p in parts))
         name = parts[0]
-    return ATTENTION_BACKENDS[name](config)
+    return ATTENTION_BACKENDS[name].build(config)
 
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "BackendSpec",
     "BaseAttnBackend",
     "BaseAttnMetadata",
     "HybridBackend",
     "create_attention_backend",
+    "local_heads",
+    "register_backend",
+    "resolve_attention_backend",
 ]

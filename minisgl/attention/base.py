@@ -5,19 +5,16 @@ the model: it turns the batch's requests into whatever index tensors its kernels
 (sequence lengths, where each request's KV lives) and stores them in
 ``batch.attn_metadata``. ``forward(q, k, v, layer_id, batch)`` runs in every layer: it
 stores this step's K/V into the pool and attends over each request's whole context.
-
-A backend that can be replayed inside a CUDA graph (chapter 18) also says so with
-``supports_cuda_graph`` and implements three more methods: ``init_capture_graph`` once,
-``prepare_for_capture`` before capturing each batch size, ``prepare_for_replay`` before
-every replay. The torch backend cannot (its Python loop over requests is not a fixed
-sequence of kernels), so with it the engine simply runs every step eagerly.
 Mirrors upstream ``minisgl.attention.base``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, List
+from typing import (
+    TYPE_CHECKING,
+    List,  # +ch18
+)
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +40,11 @@ class BaseAttnBackend(ABC):
         """``q: [T, H_q, D]``, ``k, v: [T, H_kv, D]`` -> ``[T, H_q, D]``; stores k and v at
         ``batch.out_loc`` of layer ``layer_id``'s pool first, then attends."""
 
-    # ---- CUDA graphs (chapter 18); only backends with supports_cuda_graph implement these
+    # >>> ch18: a backend that can be replayed inside a CUDA graph says so, and implements
+    # three more methods: init_capture_graph once, prepare_for_capture before capturing each
+    # batch size, prepare_for_replay before every replay. One whose Python loop over
+    # requests is not a fixed sequence of kernels cannot; the engine then runs every step
+    # eagerly.
     @property
     def supports_cuda_graph(self) -> bool:
         return False
@@ -63,7 +64,10 @@ class BaseAttnBackend(ABC):
         """Re-plan the fixed buffers for ``batch`` (metadata already prepared), before replay."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
+    # <<< ch18
 
+
+# >>> ch05
 class HybridBackend(BaseAttnBackend):
     """One backend for prefill batches and another for decode batches (``"fa,fi"``)."""
 
@@ -82,7 +86,7 @@ class HybridBackend(BaseAttnBackend):
     ) -> torch.Tensor:
         return self._pick(batch).forward(q, k, v, layer_id, batch)
 
-    # graphs replay decode batches only, so the decode backend decides
+    # >>> ch18: graphs replay decode batches only, so the decode backend decides
     @property
     def supports_cuda_graph(self) -> bool:
         return self.decode_backend.supports_cuda_graph
@@ -95,3 +99,8 @@ class HybridBackend(BaseAttnBackend):
 
     def prepare_for_replay(self, batch: Batch) -> None:
         self.decode_backend.prepare_for_replay(batch)
+
+    # <<< ch18
+
+
+# <<< ch05

@@ -35,13 +35,18 @@ from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 import torch
 
-from minisgl.utils import div_ceil
+from minisgl.core import get_global_ctx
+from minisgl.utils import div_ceil, init_logger
 
+from . import local_heads, register_backend
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch, Req
     from minisgl.kvcache import MHAKVCache
+    from minisgl.models import ModelConfig
+
+logger = init_logger(__name__)
 
 WORKSPACE_BYTES = 128 * 1024**2  # FlashInfer's recommended float workspace (split-KV partials)
 TENSOR_CORE_MIN_GROUP = 4  # query heads per KV head from which decode runs on tensor cores
@@ -165,8 +170,6 @@ class FlashInferBackend(BaseAttnBackend):
 
     # ---- every batch ---------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
-        from minisgl.core import get_global_ctx
-
         index = paged_kv_index(
             get_global_ctx().page_table, batch.padded_reqs, self.page_size, pin=True
         )
@@ -268,3 +271,22 @@ class FlashInferBackend(BaseAttnBackend):
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         meta.wrapper = self.graph_wrappers[batch.padded_size]
         self._plan(meta)  # copies this batch's index into the graph's fixed buffers
+
+
+def serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """FlashInfer's kernels run on CUDA, for fp16/bf16 only (a float32 run keeps the torch
+    backend), where ``flashinfer`` is installed."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        logger.warning("flashinfer is not installed: using the torch attention backend")
+        return False
+    return True
+
+
+@register_backend("fi", rank=50, serves=serves)
+def _build(config: ModelConfig) -> BaseAttnBackend:
+    ctx = get_global_ctx()
+    return FlashInferBackend(*local_heads(config), config.head_dim, ctx.kv_cache, ctx.page_size)  # type: ignore[arg-type]

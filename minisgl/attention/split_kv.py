@@ -36,20 +36,20 @@ import torch
 
 from minisgl.core import get_global_ctx
 from minisgl.env import ENV
-from minisgl.kernel import (
-    decode_attention,
-    decode_attention_batch,
-    decode_attention_batch_qkv,
-    decode_attention_qkv,
-)
+from minisgl.kernel import has_kernel
+from minisgl.kernel.batch_ops import decode_attention_batch, decode_attention_batch_qkv
+from minisgl.kernel.fused_ops import decode_attention, decode_attention_qkv
 from minisgl.utils import div_ceil
 
+from . import ATTENTION_BACKENDS, local_heads, register_backend
 from .base import BaseAttnBackend, BaseAttnMetadata
 from .fi import paged_kv_index
+from .fi import serves as flashinfer_serves
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
     from minisgl.kvcache import MHAKVCache
+    from minisgl.models import ModelConfig
 
 SPLIT_KV_MAX_BS = 4  # the fused decode path's largest batch: there it attends from qkv
 SPLIT_KV_MAX_SEQ_LEN = 4096  # past a few loop iterations the masked ones cost more than they save
@@ -267,3 +267,24 @@ class SplitKVBackend(BaseAttnBackend):
             # the allocator must not hand its memory out again before this copy has run
             values.record_stream(stream)
         batch.attn_metadata = views
+
+
+def serves(device: torch.device, dtype: torch.dtype) -> bool:
+    """Where FlashInfer serves (it takes the batches this backend declines) and the Triton
+    kernels run, unless ``MINISGL_DISABLE_SPLIT_KV`` is set."""
+    return (
+        flashinfer_serves(device, dtype)
+        and has_kernel("decode_attention", "triton", device)
+        and not ENV.DISABLE_SPLIT_KV
+    )
+
+
+@register_backend("split_kv", rank=10, serves=serves)
+def _build(config: ModelConfig) -> BaseAttnBackend:
+    """Decodes of up to four requests on the split-KV kernel, of 64 or more on the batch
+    kernel; every other batch on FlashInfer (an fp16/bf16 pool on CUDA) or the torch backend."""
+    pool = get_global_ctx().kv_cache
+    fallback = "fi" if flashinfer_serves(pool.device, pool.dtype) else "torch"
+    return SplitKVBackend(
+        ATTENTION_BACKENDS[fallback].build(config), *local_heads(config), config.head_dim
+    )

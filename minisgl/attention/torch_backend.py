@@ -18,11 +18,13 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 
+from . import local_heads, register_backend
 from .base import BaseAttnBackend, BaseAttnMetadata
 
 if TYPE_CHECKING:
     from minisgl.core import Batch
     from minisgl.kvcache import MHAKVCache
+    from minisgl.models import ModelConfig
 
 
 @dataclass
@@ -89,3 +91,8 @@ class TorchAttnBackend(BaseAttnBackend):
             enable_gqa=self.num_qo_heads != self.num_kv_heads,
         )
         return o.transpose(0, 1)
+
+
+@register_backend("torch", rank=100, serves=lambda device, dtype: True)
+def _build(config: ModelConfig) -> BaseAttnBackend:
+    return TorchAttnBackend(*local_heads(config), config.head_dim)

@@ -38,7 +38,6 @@ def make_req(
         output_len=output_len,
         uid=row,
         sampling_params=SamplingParams(max_tokens=max(1, output_len)),
-        cache_handle=None,
     )  # type: ignore[arg-type]
 
 

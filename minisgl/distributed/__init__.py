@@ -1,14 +1,17 @@
-"""Tensor parallelism: which rank this process is, and the collectives between ranks
-(chapter 16; a single rank, and no process group, until then)."""
+"""Tensor parallelism: which rank this process is, out of how many (in one process, rank 0
+of 1)."""
 
+# >>> ch16
 from .impl import DistributedCommunicator, destroy_distributed, init_distributed
+
+# <<< ch16
 from .info import DistributedInfo, get_tp_info, set_tp_info
 
 __all__ = [
-    "DistributedCommunicator",
+    "DistributedCommunicator",  # +ch16
     "DistributedInfo",
-    "destroy_distributed",
+    "destroy_distributed",  # +ch16
     "get_tp_info",
-    "init_distributed",
+    "init_distributed",  # +ch16
     "set_tp_info",
 ]

@@ -1,7 +1,7 @@
 """Which tensor-parallel rank this process is, out of how many.
 
 Mirrors upstream ``minisgl.distributed.info``. Layers read it when they are built, to know
-which slice of each weight they own (chapter 16); with one rank every slice is the whole.
+which slice of each weight they own; with one rank every slice is the whole.
 """
 
 from __future__ import annotations

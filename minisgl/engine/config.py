@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import (
+    dataclass,
+    field,  # +ch16
+)
 from functools import cached_property
-from typing import Tuple
+from typing import Tuple  # +ch18
 
 import torch
 
-from minisgl.distributed import DistributedInfo
+from minisgl.distributed import DistributedInfo  # +ch16
 from minisgl.models import ModelConfig
 from minisgl.utils import cached_load_hf_config
 
@@ -22,35 +25,35 @@ class EngineConfig:
     """``model_path`` is a local Hugging Face folder. KV sizing, in order of precedence:
     ``num_page_override`` pages; ``kv_memory_cap`` bytes; on CUDA ``memory_ratio`` of the
     free memory measured before loading, minus the weights; on the CPU
-    ``DEFAULT_CPU_KV_MEMORY``.
-
-    Tensor parallelism (chapter 16): ``tp_info`` is this process's rank out of how many;
-    with more than one, every rank gets the same config but its own ``tp_info``, and they
-    meet at ``distributed_addr``.
-
-    CUDA graphs (chapter 18, CUDA with a graph-capable attention backend only): the batch
-    sizes ``cuda_graph_bs`` if given, else ``1, 2, 4, 8, 16, ...`` up to
-    ``cuda_graph_max_bs`` (default 256, capped at ``max_running_req``); 0 disables them."""
+    ``DEFAULT_CPU_KV_MEMORY``."""
 
     model_path: str
+    # >>> ch16: this process's rank out of how many; with more than one, every rank gets the
+    # same config but its own tp_info
     tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
+    # <<< ch16
     dtype: torch.dtype = torch.bfloat16
     device: str | None = None  # None: MINISGL_DEVICE, else CUDA when available, else CPU
     max_running_req: int = 256
     attention_backend: str = "auto"
-    moe_backend: str = "auto"  # MoE models (chapter 21): "torch", "fused" (Triton), "auto"
+    moe_backend: str = "auto"  # MoE models: "torch", "fused" (Triton), "auto"  # +ch21
     page_size: int = 1
     memory_ratio: float = 0.9
     num_page_override: int | None = None
     kv_memory_cap: int | None = None
     max_seq_len_override: int | None = None
     seed: int = 42
+    # >>> ch18: CUDA graphs (CUDA with a graph-capable attention backend only) of the batch
+    # sizes cuda_graph_bs if given, else 1, 2, 4, 8, 16, ... up to cuda_graph_max_bs
+    # (default 256, capped at max_running_req); 0 disables them
     cuda_graph_bs: Tuple[int, ...] | None = None
     cuda_graph_max_bs: int | None = None
-    # tensor parallelism (chapter 16): where the ranks meet (file:// or tcp://), and how
-    # long a collective waits for a rank that is still busy (first use compiles kernels)
+    # <<< ch18
+    # >>> ch16: where the ranks meet (file:// or tcp://), and how long a collective waits for
+    # a rank that is still busy (first use compiles kernels)
     distributed_addr: str = ""
     distributed_timeout: float = 600.0
+    # <<< ch16
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

@@ -2,9 +2,8 @@
 
 The engine knows nothing about requests arriving or finishing; the scheduler hands it a
 prepared ``Batch`` and gets the next token of each request back. Start-up is the
-interesting part: load the weights, then size the KV pool from what memory is left, and
-on a GPU capture the decode CUDA graphs (chapter 18). ``startup_seconds`` says where
-start-up went. Mirrors upstream ``minisgl.engine.engine.Engine``.
+interesting part: load the weights, then size the KV pool from what memory is left.
+``startup_seconds`` says where start-up went. Mirrors upstream ``minisgl.engine.engine.Engine``.
 """
 
 from __future__ import annotations
@@ -14,12 +13,23 @@ from typing import NamedTuple
 
 import torch
 
-from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx
-from minisgl.distributed import destroy_distributed, init_distributed, set_tp_info
-from minisgl.kernel import has_kernel
+from minisgl.attention import create_attention_backend, resolve_attention_backend
+from minisgl.core import (
+    Batch,
+    Context,
+    Req,  # +ch18
+    SamplingParams,  # +ch18
+    set_global_ctx,
+)
+from minisgl.distributed import (
+    destroy_distributed,  # +ch16
+    get_tp_info,
+    init_distributed,  # +ch16
+    set_tp_info,  # +ch16
+)
+from minisgl.kernel import has_kernel  # +ch19
 from minisgl.kvcache import create_kvcache_pool
-from minisgl.layers.shard import check_tp_size
+from minisgl.layers.shard import check_tp_size  # +ch16
 from minisgl.models import BaseLLMModel, create_model, load_weight
 from minisgl.utils import align_up, div_even, init_logger, torch_dtype
 from minisgl.utils.device import (
@@ -35,7 +45,7 @@ from minisgl.utils.device import (
 )
 
 from .config import DEFAULT_CPU_KV_MEMORY, EngineConfig
-from .graph import GraphRunner, determine_graph_bs
+from .graph import GraphRunner, determine_graph_bs  # +ch18
 from .sample import BatchSamplingArgs, LogprobOutput, Sampler
 
 logger = init_logger(__name__)
@@ -59,45 +69,50 @@ class Engine:
         self._init_device_and_ranks()
         free_before = get_free_memory(self.device) if is_cuda(self.device) else 0
         self.model = self._load_model()
-        t_load = time.perf_counter()
+        self.startup_seconds = {"load": time.perf_counter() - t0}
+        t = time.perf_counter()
         self._init_kv_cache(self._determine_num_pages(free_before))
+        backend = resolve_attention_backend(config.attention_backend, self.device, self.dtype)
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
-            self._pick_attention_backend(), config.model_config
+            backend, config.model_config
         )
-        self.model = self._fuse_decode(self.model)
+        self.model = self._fuse_decode(self.model)  # +ch19
         self.sampler = Sampler(self.device, config.model_config.vocab_size, config.seed)
-        t_sample = time.perf_counter()
-        if is_cuda(self.device):  # compiled now, not in the first sampled request
+        self.startup_seconds["kv_cache"] = time.perf_counter() - t
+        # >>> ch17: kernels compiled now, not in the first sampled request
+        t = time.perf_counter()
+        if is_cuda(self.device):
             self.sampler.warm_up(self.dtype)
-        sample_warmup = time.perf_counter() - t_sample
+        self.startup_seconds["jit_warmup"] = time.perf_counter() - t
+        # <<< ch17
+        # >>> ch18
         self.graph_runner = self._capture_graphs()
-        t_end = time.perf_counter()
-        warmup = self.graph_runner.warmup_seconds + sample_warmup
-        self.startup_seconds = {
-            "load": t_load - t0,
-            "kv_cache": t_end - t_load - self.graph_runner.capture_seconds - sample_warmup,
-            "jit_warmup": warmup,
-            "graph_capture": self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds,
-            "total": t_end - t0,
-        }
-        logger.info_rank0(f"engine ready on {self.device} in {t_end - t0:.1f} s")
+        self.startup_seconds["jit_warmup"] += self.graph_runner.warmup_seconds
+        capture = self.graph_runner.capture_seconds - self.graph_runner.warmup_seconds
+        self.startup_seconds["graph_capture"] = capture
+        # <<< ch18
+        self.startup_seconds["total"] = time.perf_counter() - t0
+        logger.info_rank0(f"engine ready on {self.device} in {self.startup_seconds['total']:.1f} s")
 
     # ---- start-up, step by step -------------------------------------------------------------
     def _init_device_and_ranks(self) -> None:
-        """The device, this rank's place among the ranks (chapter 16), the engine's stream and
-        the global context every layer reads."""
+        """The device, the engine's stream and the global context every layer reads (and,
+        with several ranks, this rank's place among them)."""
         config, mc = self.config, self.config.model_config
         self.device = check_device(config.device) if config.device else default_device()
+        # >>> ch16: rank r uses GPU r; with several ranks, this blocks until all have joined
         if is_cuda(self.device) and self.device.index is None:
             self.device = torch.device("cuda", config.tp_info.rank)
+        # <<< ch16
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
+        # >>> ch16
         set_tp_info(config.tp_info.rank, config.tp_info.size)
         check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, config.tp_info.size)
-        # with several ranks: blocks until all have joined (chapter 16)
         self.tp_cpu_group = init_distributed(
             config.tp_info, self.device, config.distributed_addr, config.distributed_timeout
         )
+        # <<< ch16
         torch.manual_seed(config.seed)
         self.stream = create_stream(self.device)
         set_stream(self.stream)
@@ -110,33 +125,37 @@ class Engine:
         mc = self.config.model_config
         with torch.device("meta"), torch_dtype(self.dtype):
             model = create_model(mc)
-        weights = load_weight(self.config.model_path, self.device, self.dtype, mc.num_kv_heads)
-        if mc.is_moe:  # chapter 21: stacked experts, and the backend that runs them
+        weights = load_weight(self.config.model_path, self.device, self.dtype)
+        # >>> ch21: stacked experts, and the backend that runs them
+        if mc.is_moe:
             from minisgl.models.moe_weight import stack_experts
             from minisgl.moe import create_moe_backend
 
             weights = stack_experts(weights, mc.num_experts)
             self.ctx.moe_backend = create_moe_backend(self.config.moe_backend, self.device)
+        # <<< ch21
         model.load_state_dict(dict(weights))
         synchronize(self.device)
         return model
 
     def _init_kv_cache(self, num_pages: int) -> None:
-        """The KV pool, the page table and the dummy request that pads CUDA-graph batches."""
+        """The KV pool and the page table."""
         config = self.config
         self.num_pages = num_pages
         num_tokens = num_pages * config.page_size
-        # one extra page at the end belongs to the dummy request (CUDA graphs)
-        self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
-            config.model_config, num_pages + 1, config.page_size, self.device, self.dtype
-        )
         self.max_seq_len = min(config.max_seq_len, num_tokens)
-        # +1 row for the dummy request; columns rounded to 32 so rows stay 128-byte aligned
-        self.ctx.page_table = self.page_table = torch.zeros(
-            (config.max_running_req + 1, align_up(self.max_seq_len, 32)),
-            dtype=torch.int32,
-            device=self.device,
+        rows, pool_pages = config.max_running_req, num_pages
+        # >>> ch18: one more page and one more row, for the dummy request of CUDA graphs
+        rows, pool_pages = rows + 1, pool_pages + 1
+        # <<< ch18
+        self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
+            config.model_config, pool_pages, config.page_size, self.device, self.dtype
         )
+        # columns rounded to 32 so rows stay 128-byte aligned
+        self.ctx.page_table = self.page_table = torch.zeros(
+            (rows, align_up(self.max_seq_len, 32)), dtype=torch.int32, device=self.device
+        )
+        # >>> ch18: the dummy request that pads a decode batch to a captured size
         self.dummy_req = Req(
             input_ids=torch.tensor([0], dtype=torch.int32),
             table_idx=config.max_running_req,
@@ -144,42 +163,30 @@ class Engine:
             output_len=1,
             uid=-1,
             sampling_params=SamplingParams(),
-            cache_handle=None,  # type: ignore[arg-type]
         )
         self.page_table[self.dummy_req.table_idx].fill_(num_tokens)  # the dummy page
+        # <<< ch18
 
-    def _pick_attention_backend(self) -> str:
-        name = self.config.attention_backend
-        if name != "auto":
-            return name
-        # FlashInfer's kernels exist for fp16/bf16 only: float32 runs use the torch backend
-        if not (is_cuda(self.device) and self.dtype in (torch.float16, torch.bfloat16)):
-            return "torch"
-        try:
-            import flashinfer  # noqa: F401
-        except ImportError:
-            logger.warning("flashinfer is not installed: using the torch attention backend")
-            return "torch"
-        # chapter 19: decodes of up to four requests, and of 64 or more, on its kernels, where they run
-        if has_kernel("decode_attention", "triton", self.device) and not self._env_off("SPLIT_KV"):
-            return "split_kv"
-        return "fi"
-
+    # >>> ch19
     def _fuse_decode(self, model: BaseLLMModel) -> BaseLLMModel:
-        """Chapter 19: decode steps of up to four requests on the fused path (and the attention
-        of those of 64 or more from qkv), where its Triton kernels run (``models/fused_decode.py``); any other model is returned as is."""
+        """Decode steps of a few requests on the fused path (and the attention of large ones
+        from qkv), where its Triton kernels run (``models/fused_decode.py``); any other
+        model is returned as is."""
         if not has_kernel("norm_linear", "triton", self.device):
             return model
         from minisgl.models.fused_decode import FusedDecodeLM, fusable
 
         return FusedDecodeLM(model) if fusable(model) else model
 
+    # <<< ch19
+    # >>> ch18
     def _capture_graphs(self) -> GraphRunner:
-        """The decode CUDA graphs (chapter 18): CUDA, and a backend that can be replayed."""
+        """The decode CUDA graphs: CUDA, and a backend that can be replayed."""
         mc = self.config.model_config
         graph_bs: list[int] = []
-        moe_ok = not mc.is_moe or self.ctx.moe_backend.supports_cuda_graph
-        if is_cuda(self.device) and self.attn_backend.supports_cuda_graph and moe_ok:
+        replayable = is_cuda(self.device) and self.attn_backend.supports_cuda_graph
+        replayable &= not mc.is_moe or self.ctx.moe_backend.supports_cuda_graph  # +ch21
+        if replayable:
             graph_bs = determine_graph_bs(
                 self.config.cuda_graph_bs,
                 self.config.cuda_graph_max_bs,
@@ -196,12 +203,7 @@ class Engine:
             self.page_table.shape[1],
         )
 
-    @staticmethod
-    def _env_off(what: str) -> bool:
-        from minisgl.env import ENV  # chapter 7's; read only on CUDA
-
-        return bool(getattr(ENV, f"DISABLE_{what}"))
-
+    # <<< ch18
     def _determine_num_pages(self, free_before: int) -> int:
         """Pages of KV the pool gets, printed with the memory they take.
 
@@ -209,7 +211,7 @@ class Engine:
             ValueError: when not even two pages fit.
         """
         cfg, mc = self.config, self.config.model_config
-        kv_heads = div_even(mc.num_kv_heads, cfg.tp_info.size, allow_replicate=True)
+        kv_heads = div_even(mc.num_kv_heads, get_tp_info().size, allow_replicate=True)
         bytes_per_page = (
             2 * mc.num_layers * cfg.page_size * kv_heads * mc.head_dim * self.dtype.itemsize
         )
@@ -227,13 +229,14 @@ class Engine:
         else:
             num_pages = DEFAULT_CPU_KV_MEMORY // bytes_per_page
             how = f"the CPU default of {DEFAULT_CPU_KV_MEMORY / 2**20:.0f} MiB"
+        # >>> ch16: every rank must schedule the same batches, so all get the smallest pool
         if self.tp_cpu_group is not None:
-            # every rank must schedule the same batches, so all get the smallest pool
             agreed = torch.tensor([num_pages], dtype=torch.int64)
             torch.distributed.all_reduce(
                 agreed, op=torch.distributed.ReduceOp.MIN, group=self.tp_cpu_group
             )
             num_pages = int(agreed.item())
+        # <<< ch16
         if num_pages < 2:
             raise ValueError(f"not enough memory for the KV cache ({num_pages} pages from {how})")
         logger.info_rank0(
@@ -251,10 +254,15 @@ class Engine:
         ``logprobs`` of the rows that asked for them).
         """
         with self.ctx.forward_batch(batch):
+            # >>> ch18: a decode batch of a captured size is a graph replay
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
             else:
                 logits = self.model.forward()
+            # <<< ch18
+            # >>> ch06-ch17
+            # logits = self.model.forward()
+            # <<< ch06-ch17
         for req in batch.reqs:
             req.complete_one()
         tokens = self.sampler.sample(logits[: batch.size], args)
@@ -268,6 +276,6 @@ class Engine:
 
     def shutdown(self) -> None:
         synchronize(self.device)
-        self.graph_runner.destroy()
+        self.graph_runner.destroy()  # +ch18
         set_global_ctx(None)
-        destroy_distributed()
+        destroy_distributed()  # +ch16

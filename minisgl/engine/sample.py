@@ -3,10 +3,8 @@
 ``prepare`` builds the per-request parameter tensors while the batch is being assembled
 (so the copies to the device overlap other work); ``sample`` runs after the forward pass.
 A greedy-only batch skips everything but ``argmax``; otherwise the random draw is the
-kernel op ``sample``: the torch reference (``kernel/torch_sampling.py``) everywhere, and on
-CUDA with ``flashinfer`` installed FlashInfer's sampling kernels, which filter top-k/top-p
-by rejection sampling instead of sorting the vocabulary (chapter 17); where Triton runs, a
-draw with no filter takes chapter 19's one-pass Gumbel-max kernel instead.
+kernel op ``sample`` (``kernel/sampling.py``): the torch reference everywhere, or whatever
+faster kernel the kernel table has for the call.
 
 A request with its own ``seed`` does not draw from the sampler's shared generator, whose
 stream every row of every batch consumes (so a row's draw would depend on its neighbours):
@@ -24,8 +22,8 @@ from typing import TYPE_CHECKING, List, Tuple
 
 import torch
 
-from minisgl.kernel import sample as sample_tokens
-from minisgl.kernel import sample_seeded
+from minisgl.kernel.sampling import sample as sample_tokens
+from minisgl.kernel.sampling import sample_seeded
 from minisgl.kernel.torch_sampling import seed_key
 from minisgl.utils.device import pin
 
@@ -105,12 +103,13 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
+    # >>> ch17
     def warm_up(self, dtype: torch.dtype) -> None:
         """Two draws from a ``[2, V]`` batch of ``dtype`` logits with a generator of its own,
-        one plain and one cut to the top 2 (on CUDA two kernels: chapter 19's and
-        FlashInfer's). Both are built on first use (FlashInfer's in a minute or more on a
-        fresh machine), and a server whose first sampled request waits for that holds every
-        other request too; the sampler's own stream is left untouched."""
+        one plain and one cut to the top 2 (on CUDA, a kernel each). Kernels are built on
+        first use (FlashInfer's in a minute or more on a fresh machine), and a server whose
+        first sampled request waits for that holds every other request too; the sampler's
+        own stream is left untouched."""
         logits = torch.zeros(2, self.vocab_size, dtype=dtype, device=self.device)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(0)
@@ -118,6 +117,8 @@ class Sampler:
         top_2 = torch.full((2,), 2, dtype=torch.int64, device=self.device)
         for top_k in (None, top_2):
             sample_tokens(logits, temperatures, top_k, None, generator)
+
+    # <<< ch17
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         params = [r.sampling_params for r in batch.reqs]
@@ -131,8 +132,8 @@ class Sampler:
                 None, logprob_rows=logprob_rows, logprob_index=index, top_logprobs=top
             )
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
-        # a greedy row's filters are moot (it takes the argmax), and would cost the batch the
-        # unfiltered draw's kernel (chapter 19)
+        # a greedy row's filters are moot (it takes the argmax); left in, they would make the
+        # whole batch pay for filtering
         top_ks = [
             p.top_k if p.top_k >= 1 and not g else self.vocab_size for p, g in zip(params, greedy)
         ]

@@ -11,17 +11,22 @@ the same values, with two differences a caller must know:
   for bit (chapter 17 states the tolerance).
 
 FlashInfer compiles each kernel on first use (seconds to a minute, cached on disk).
-Only ``float16`` and ``bfloat16`` are supported; ``minisgl.kernel`` checks that before
-calling here. Mirrors upstream ``minisgl.layers`` (which calls ``flashinfer`` directly)
-and ``minisgl.engine.sample.sample_impl``.
+Only ``float16`` and ``bfloat16`` are supported; the ``accepts`` checks registered at the end
+of this module keep every other call on the torch references. Importing this module
+imports no FlashInfer. Mirrors upstream ``minisgl.layers`` (which calls ``flashinfer``
+directly) and ``minisgl.engine.sample.sample_impl``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
+
+from minisgl.env import ENV
+
+from . import HALF, Impl, Library, Where, register, register_library
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,3 +116,49 @@ def sample(
     else:
         tokens = fs.top_k_top_p_sampling_from_probs(probs, top_k, top_p, generator=generator)
     return tokens.long()
+
+
+# ---- the kernel table's entries ---------------------------------------------------------------
+def runs_on(where: Where) -> bool:
+    """CUDA, where ``flashinfer`` imports, unless ``MINISGL_TORCH_KERNELS`` keeps the torch
+    references (the switch to reach for when a fast kernel is suspected of a wrong answer)."""
+    if where is None:
+        return False
+    is_cuda = where.is_cuda if isinstance(where, torch.Tensor) else where.type == "cuda"
+    return is_cuda and flashinfer_available() and not ENV.TORCH_KERNELS
+
+
+def _rms_norm_fits(x: torch.Tensor, *_: Any) -> bool:
+    return x.dtype in HALF and x.dim() in (2, 3) and x.stride(-1) == 1
+
+
+def _add_rms_norm_fits(x: torch.Tensor, residual: torch.Tensor, *_: Any) -> bool:
+    return x.dtype in HALF and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous()
+
+
+def _silu_and_mul_fits(x: torch.Tensor) -> bool:
+    return x.dtype in HALF and x.is_contiguous() and (x.shape[-1] * x.element_size()) % 16 == 0
+
+
+def _rotary_fits(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, table: torch.Tensor
+) -> bool:
+    return (
+        q.dtype in HALF
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and table.dtype == torch.float32
+        and table.shape[-1] == q.shape[-1]
+    )
+
+
+def _sample_fits(logits: torch.Tensor, *_: Any) -> bool:
+    return logits.dtype in HALF  # a float32 model keeps the torch sampler, run for run
+
+
+register_library(Library("flashinfer", 50, runs_on))
+register("rms_norm", Impl("flashinfer", rms_norm, _rms_norm_fits))
+register("fused_add_rms_norm", Impl("flashinfer", fused_add_rms_norm, _add_rms_norm_fits))
+register("silu_and_mul", Impl("flashinfer", silu_and_mul, _silu_and_mul_fits))
+register("apply_rotary", Impl("flashinfer", apply_rotary, _rotary_fits))
+register("sample", Impl("flashinfer", sample, _sample_fits))

@@ -63,6 +63,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+# >>> ch04: the KV pool's store
 def store_cache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -77,6 +78,9 @@ def store_cache(
     """
     k_cache[indices] = k
     v_cache[indices] = v
+
+
+# <<< ch04
 
 
 def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

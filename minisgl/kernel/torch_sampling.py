@@ -1,10 +1,9 @@
 """The reference sampler, in plain torch: temperature, top-k, top-p, then one draw per row.
 
-The engine's ``Sampler`` (chapter 6) calls the kernel op ``sample``; this module is its
-implementation everywhere, and on CUDA FlashInfer's rejection sampler (``fi_ops.sample``,
-chapter 17) takes its place for fp16/bf16 models, or, for a draw with no top-k or top-p,
-chapter 19's Gumbel-max kernel (``triton/sample.py``). Mirrors upstream
-``minisgl.engine.sample`` (whose torch path sorts the vocabulary the same way).
+The engine's ``Sampler`` calls the kernel ops ``sample`` and ``sample_seeded``
+(``kernel/sampling.py``); this module is their implementation everywhere, and the reference
+any faster kernel for them is tested against. Mirrors upstream ``minisgl.engine.sample``
+(whose torch path sorts the vocabulary the same way).
 """
 
 from __future__ import annotations

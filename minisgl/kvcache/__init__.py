@@ -21,25 +21,18 @@ from .mha_pool import MHAKVCache
 if TYPE_CHECKING:
     from minisgl.models import ModelConfig
 
-PREFIX_CACHES = Registry[Callable[[torch.device, int], BasePrefixCache]]("prefix cache")
-
-
-@PREFIX_CACHES.register("naive")
-def _naive(device: torch.device, page_size: int) -> BasePrefixCache:
-    from .naive_cache import NaivePrefixCache
-
-    return NaivePrefixCache(device)
-
-
-@PREFIX_CACHES.register("radix")
-def _radix(device: torch.device, page_size: int) -> BasePrefixCache:
-    from .radix_cache import RadixPrefixCache  # explained in chapter 9
-
-    return RadixPrefixCache(device, page_size)
+# name -> factory(device, page_size); each prefix cache's module registers its own
+PREFIX_CACHES = Registry[Callable[[torch.device, int], BasePrefixCache]](
+    "prefix cache", package=__name__
+)
 
 
 def create_prefix_cache(device: torch.device, type: str, page_size: int = 1) -> BasePrefixCache:
-    """``type`` is ``"naive"`` or ``"radix"``; raises ``ValueError`` for anything else."""
+    """The prefix cache registered as ``type`` (``"naive"`` caches nothing).
+
+    Raises:
+        ValueError: for a name no module of this package registers.
+    """
     return PREFIX_CACHES[type](device, page_size)
 
 

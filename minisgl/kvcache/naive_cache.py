@@ -1,7 +1,7 @@
 """The prefix cache that caches nothing: every request computes its whole prompt.
 
-It is the baseline the radix cache (chapter 9) is measured against, and the simplest
-thing that satisfies ``BasePrefixCache``. Mirrors upstream ``minisgl.kvcache.naive_cache``.
+It is the simplest thing that satisfies ``BasePrefixCache``, and the baseline any real
+prefix cache is measured against. Mirrors upstream ``minisgl.kvcache.naive_cache``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import PREFIX_CACHES
 from .base import BaseCacheHandle, BasePrefixCache, InsertResult, MatchResult, SizeInfo
 
 
@@ -52,3 +53,8 @@ class NaivePrefixCache(BasePrefixCache):
 
     def check_integrity(self) -> None:
         pass
+
+
+@PREFIX_CACHES.register("naive")
+def _naive(device: torch.device, page_size: int) -> BasePrefixCache:
+    return NaivePrefixCache(device)

@@ -18,6 +18,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import torch
 
+from . import PREFIX_CACHES
 from .base import BaseCacheHandle, BasePrefixCache, InsertResult, MatchResult, SizeInfo
 
 _clock = itertools.count()  # a logical clock for LRU: strictly increasing, no ties
@@ -221,3 +222,8 @@ class RadixPrefixCache(BasePrefixCache):
                 f"radix sizes drifted: counted evictable={evictable} protected={protected}, "
                 f"tracked evictable={self._evictable} protected={self._protected}"
             )
+
+
+@PREFIX_CACHES.register("radix")
+def _radix(device: torch.device, page_size: int) -> BasePrefixCache:
+    return RadixPrefixCache(device, page_size)

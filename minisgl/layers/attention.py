@@ -20,9 +20,8 @@ from .base import StateLessOP
 from .rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from minisgl.models.config import RotaryConfig
-
     from .norm import RMSNorm
+    from .rotary import RotaryConfig
 
 
 class AttentionLayer(StateLessOP):

@@ -2,12 +2,12 @@
 
 Attention's q, k and v projections read the same input, and so do the MLP's gate and up
 projections; one matmul with the weights stacked along the output dim does the work of
-three (or two) and launches one kernel. The loader (``models/weight.py``) stacks the
-checkpoint's separate weights in that order. Under tensor parallelism (chapter 16) each
-rank owns a slice: column-parallel layers split the output dim, row-parallel ones the
-input dim and sum the partial results with an all-reduce. The product itself is
-the kernel op ``linear``: ``F.linear``, unless the table in ``minisgl.kernel`` has a faster
-kernel for the call.
+three (or two) and launches one kernel; the model's loader stacks the checkpoint's separate
+weights in that order. The names say how the weights split over several GPUs:
+column-parallel layers own a slice of the output dim, row-parallel ones a slice of the
+input dim; one process owns every slice (``get_tp_info().size`` is 1). The product itself
+is the kernel op ``linear``: ``F.linear``, unless the table in ``minisgl.kernel`` has a
+faster kernel for the call.
 
 Mirrors upstream ``minisgl.layers.linear``.
 """
@@ -18,7 +18,10 @@ from typing import List
 
 import torch
 
-from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.distributed import (
+    DistributedCommunicator,  # +ch16
+    get_tp_info,
+)
 from minisgl.kernel import linear
 from minisgl.utils import div_even
 
@@ -71,7 +74,7 @@ class LinearQKVMerged(_Linear):
 
 
 class LinearRowParallel(_Linear):
-    """The input dim is split between ranks; partial outputs are summed by an all-reduce.
+    """The input dim is split between ranks (each one's partial outputs are then summed).
 
     Used for attention's output projection and the MLP's down projection, whose inputs
     arrive already split by the column-parallel layer before them.
@@ -79,15 +82,17 @@ class LinearRowParallel(_Linear):
 
     def __init__(self, input_size: int, output_size: int, has_bias: bool) -> None:
         self._tp_size = get_tp_info().size
-        self._comm = DistributedCommunicator()
+        self._comm = DistributedCommunicator()  # +ch16
         super().__init__(div_even(input_size, self._tp_size), output_size, has_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._tp_size == 1:
-            return linear(x, self.weight, self.bias)
-        # the bias must be added once, not once per rank, so it joins after the sum
-        y = self._comm.all_reduce(linear(x, self.weight))
-        return y if self.bias is None else y + self.bias
+        # >>> ch16: every rank holds a partial sum; an all-reduce adds them up
+        if self._tp_size > 1:
+            # the bias must be added once, not once per rank, so it joins after the sum
+            y = self._comm.all_reduce(linear(x, self.weight))
+            return y if self.bias is None else y + self.bias
+        # <<< ch16
+        return linear(x, self.weight, self.bias)
 
 
 class LinearOProj(LinearRowParallel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
 import torch
@@ -18,6 +19,20 @@ import torch
 from minisgl.kernel import apply_rotary
 
 from .base import StateLessOP
+
+
+@dataclass(frozen=True)
+class RotaryConfig:
+    """A model's RoPE: ``rotary_dim`` of each ``head_dim``-wide head rotate, with frequencies
+    ``base ** (-2i / rotary_dim)``, over positions up to ``max_position``, optionally rescaled
+    (``scaling``: Hugging Face's ``rope_scaling``). Upstream keeps it with the model's
+    config."""
+
+    head_dim: int
+    rotary_dim: int
+    max_position: int
+    base: float
+    scaling: Dict[str, Any] | None
 
 
 def _llama3_scale(inv_freq: torch.Tensor, scaling: Dict[str, Any]) -> torch.Tensor:

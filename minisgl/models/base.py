@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from minisgl.layers import BaseOP
 from minisgl.layers.base import StateDict
+from minisgl.utils import Registry
 
 
 class BaseLLMModel(BaseOP):
@@ -24,3 +27,8 @@ class BaseLLMModel(BaseOP):
         if self.tie_word_embeddings:
             state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
         super().load_state_dict(state_dict, prefix=prefix, _root=_root)
+
+
+# A checkpoint's ``architectures[0]`` -> its model class: each model module registers its
+# classes, and the registry imports this package's modules the first time it is asked.
+MODEL_REGISTRY = Registry[Callable[..., BaseLLMModel]]("model architecture", package=__package__)

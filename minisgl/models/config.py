@@ -1,26 +1,20 @@
 """The handful of numbers the engine needs from a Hugging Face ``config.json``.
 
 Mirrors upstream ``minisgl.models.config``. Works with transformers 4.x (``rope_theta``,
-``rope_scaling``) and 5.x (``rope_parameters``). The MoE fields (chapter 21) are 0/empty
-for a dense model; a checkpoint names its expert count ``num_experts`` (the hub's
-Qwen3-MoE files) or ``num_local_experts`` (what transformers 5 writes).
+``rope_scaling``) and 5.x (``rope_parameters``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import (
+    List,
+    Tuple,  # +ch21
+)
 
 from transformers import PretrainedConfig
 
-
-@dataclass(frozen=True)
-class RotaryConfig:
-    head_dim: int
-    rotary_dim: int
-    max_position: int
-    base: float
-    scaling: Dict[str, Any] | None
+from minisgl.layers.rotary import RotaryConfig
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,8 @@ class ModelConfig:
     rotary_config: RotaryConfig
     architectures: List[str] = field(default_factory=lambda: ["LlamaForCausalLM"])
     model_type: str = "llama"
-    # mixture of experts (chapter 21): E experts of width moe_intermediate_size, top-k per token
+    # >>> ch21: a mixture of experts: E experts of width moe_intermediate_size, top-k per
+    # token; 0/empty for a dense model
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -59,6 +54,8 @@ class ModelConfig:
             and layer_id not in self.mlp_only_layers
             and (layer_id + 1) % self.decoder_sparse_step == 0
         )
+
+    # <<< ch21
 
     @classmethod
     def from_hf(cls, config: PretrainedConfig) -> "ModelConfig":
@@ -95,6 +92,8 @@ class ModelConfig:
             ),
             architectures=list(getattr(config, "architectures", None) or ["LlamaForCausalLM"]),
             model_type=model_type,
+            # >>> ch21: the hub's Qwen3-MoE files name the expert count num_experts;
+            # transformers 5 writes num_local_experts
             num_experts=int(
                 getattr(config, "num_local_experts", None)
                 or getattr(config, "num_experts", None)
@@ -105,4 +104,5 @@ class ModelConfig:
             norm_topk_prob=bool(getattr(config, "norm_topk_prob", False)),
             decoder_sparse_step=int(getattr(config, "decoder_sparse_step", None) or 1),
             mlp_only_layers=tuple(getattr(config, "mlp_only_layers", None) or ()),
+            # <<< ch21
         )

@@ -41,7 +41,8 @@ from minisgl.attention.split_kv import (
 )
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
-from minisgl.kernel import HALF, linear_add_residual_, norm_linear, norm_lm_head
+from minisgl.kernel import HALF
+from minisgl.kernel.fused_ops import linear_add_residual_, norm_linear, norm_lm_head
 
 from .base import BaseLLMModel
 from .utils import CausalLM, DecoderLayer, GatedMLP, RopeAttn

@@ -17,6 +17,7 @@ import torch
 from minisgl.layers import BaseOP, LinearReplicated
 from minisgl.layers.moe import MoELayer
 
+from .base import MODEL_REGISTRY
 from .config import ModelConfig
 from .utils import CausalLM, GatedMLP
 
@@ -40,6 +41,7 @@ class MoEMLP(BaseOP):
         return self.experts.forward(x, self.gate.forward(x))
 
 
+@MODEL_REGISTRY.register("Qwen3MoeForCausalLM")
 class Qwen3MoeForCausalLM(CausalLM):
     """Qwen3 (QK-norm, no attention bias) whose sparse layers' MLP is :class:`MoEMLP`."""
 

@@ -133,7 +133,7 @@ class CausalLM(BaseLLMModel):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
 
     def make_mlp(self, config: ModelConfig, layer_id: int) -> BaseOP:
-        """Layer ``layer_id``'s MLP: the dense SwiGLU (chapter 21's MoE model overrides this)."""
+        """Layer ``layer_id``'s MLP: the dense SwiGLU (a model with another MLP overrides this)."""
         return GatedMLP(config)
 
     def forward(self) -> torch.Tensor:

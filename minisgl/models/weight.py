@@ -1,9 +1,9 @@
-"""Streamed loading of safetensors checkpoints into the engine's merged, sharded layout.
+"""Streamed loading of safetensors checkpoints into the engine's merged layout.
 
 The checkpoint stores ``q_proj``, ``k_proj``, ``v_proj`` (and ``gate_proj``, ``up_proj``)
 separately; the engine's layers want them stacked (``qkv_proj``, ``gate_up_proj``). The
-loader reads one tensor at a time, cuts this rank's shard, holds the pieces of a merge
-group until the group is complete, then yields the stacked tensor. Each piece moves to
+loader reads one tensor at a time, holds the pieces of a merge group until the group is
+complete, then yields the stacked tensor. Each piece moves to
 the device as soon as it is read, so peak host memory is one full tensor, never the model.
 
 Mirrors upstream ``minisgl.models.weight.load_weight``.
@@ -19,7 +19,10 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from minisgl.distributed import get_tp_info
-from minisgl.layers.shard import shard_column, shard_kv_heads, shard_row, shard_vocab
+from minisgl.layers.shard import shard_column, shard_kv_heads, shard_row, shard_vocab  # +ch16
+from minisgl.utils import cached_load_hf_config  # +ch16
+
+from .config import ModelConfig  # +ch16
 
 # checkpoint suffix -> (merged suffix, position in the merge group, group size)
 _MERGE = {
@@ -29,6 +32,7 @@ _MERGE = {
     ".gate_proj.": (".gate_up_proj.", 0, 2),
     ".up_proj.": (".gate_up_proj.", 1, 2),
 }
+# >>> ch16: which tensors split along which dim, over the ranks
 _COLUMN_SPLIT = (".q_proj.", ".k_proj.", ".v_proj.", ".gate_proj.", ".up_proj.")
 _ROW_SPLIT = (".o_proj.weight", ".down_proj.weight")
 _VOCAB_SPLIT = ("embed_tokens.", "lm_head.")
@@ -56,10 +60,15 @@ def shard_tensor(
     return tensor
 
 
+# <<< ch16
+
+
 def load_weight(
-    model_path: str | Path, device: torch.device, dtype: torch.dtype, num_kv_heads: int
+    model_path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """Yield ``(engine_name, tensor)`` pairs, sharded, merged, cast to ``dtype``, on ``device``.
+    """Yield ``(engine_name, tensor)`` pairs, merged, cast to ``dtype``, on ``device``.
 
     Raises:
         FileNotFoundError: when the folder holds no ``*.safetensors`` file.
@@ -69,11 +78,17 @@ def load_weight(
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {str(model_path)!r}")
     tp = get_tp_info()
+    # >>> ch16: with several ranks, k and v split by KV head: the checkpoint says how many
+    num_kv_heads = 0
+    if tp.size > 1:
+        num_kv_heads = ModelConfig.from_hf(cached_load_hf_config(str(model_path))).num_kv_heads
+    # <<< ch16
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     for file in tqdm(files, desc="Loading weights", disable=not tp.is_primary() or len(files) == 1):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                tensor = shard_tensor(name, f.get_tensor(name), tp.rank, tp.size, num_kv_heads)
+                tensor = f.get_tensor(name)
+                tensor = shard_tensor(name, tensor, tp.rank, tp.size, num_kv_heads)  # +ch16
                 tensor = tensor.to(device=device, dtype=dtype)
                 merge = next(((k, v) for k, v in _MERGE.items() if k in name), None)
                 if merge is None:

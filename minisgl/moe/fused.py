@@ -25,7 +25,8 @@ from typing import Dict
 
 import torch
 
-from minisgl.kernel import moe_grouped_gemm, silu_and_mul
+from minisgl.kernel import silu_and_mul
+from minisgl.kernel.moe_ops import moe_grouped_gemm
 
 from .base import BaseMoeBackend
 from .routing import moe_align_block_size

@@ -12,14 +12,13 @@ import torch
 
 class TableManager:
     """Hands out rows (``table_idx``) of two device tables of the same shape
-    ``[max_running_req + 1, align_up(max_seq_len, 32)]`` (the engine pads the columns):
+    ``[R, align_up(max_seq_len, 32)]`` (the engine pads the columns):
 
     * ``page_table[row, pos]`` — the KV slot of token ``pos`` (owned by the engine);
     * ``token_pool[row, pos]`` — the token id at ``pos``, so a step's input can be gathered
       on the device and each sampled token written back there without the CPU.
 
-    The last row belongs to the dummy request that pads CUDA-graph batches (chapter 18);
-    it is never handed out.
+    Rows ``0 .. max_running_reqs - 1`` are handed out; any further rows never are.
     """
 
     def __init__(self, max_running_reqs: int, page_table: torch.Tensor) -> None:
@@ -29,7 +28,7 @@ class TableManager:
         # popped from the end: row 0 is handed out first
         self._free_slots: List[int] = list(range(max_running_reqs - 1, -1, -1))
         self.page_table = page_table
-        # token id 0 everywhere, so a padded dummy request always reads a valid id
+        # token id 0 everywhere: a position never written still holds a valid id
         self.token_pool = torch.zeros_like(page_table, dtype=torch.int32)
 
     @property

@@ -1,11 +1,11 @@
 """What the chapter tests share, imported as ``from tests.helpers import ...``.
 
 ``models``: where the models live and how a missing one is built; ``reference``: the
-``transformers`` oracle; ``interpreter``: a script run under Triton's interpreter. ``tests/conftest.py`` turns them into fixtures and adds the ``gpu``
+``transformers`` oracle. ``tests/conftest.py`` turns them into fixtures and adds the ``gpu``
 marker.
 """
 
-from .interpreter import interpret
+from .interpreter import interpret  # +ch19
 from .models import (
     DEVICE,
     MODELS,
@@ -32,5 +32,5 @@ __all__ = [
     "hf_greedy",
     "hf_model",
     "hf_tokenizer",
-    "interpret",
+    "interpret",  # +ch19
 ]

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import Impl, register
 from . import timeline
 from .pdl import launch_options, use_pdl
 
@@ -645,3 +646,8 @@ def decode_attention_qkv(
         from_qkv=from_qkv,
         stamps=stamps,
     )
+
+
+# ---- the kernel table's entries -------------------------------------------------------------
+register("decode_attention", Impl("triton", decode_attention))
+register("decode_attention_qkv", Impl("triton", decode_attention_qkv))

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import Impl, register
 from .decode import FromQKV, _check_index, _check_q, _check_qkv, _kv_rows, _load_kv, _norm_rope
 from .pdl import launch_options, use_pdl
 
@@ -312,3 +313,8 @@ def decode_attention_batch_qkv(
         order,
         from_qkv,
     )
+
+
+# ---- the kernel table's entries -------------------------------------------------------------
+register("decode_attention_batch", Impl("triton", decode_attention_batch))
+register("decode_attention_batch_qkv", Impl("triton", decode_attention_batch_qkv))

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import Impl, register
 from . import timeline
 from .checks import check_gemv_args
 from .pdl import launch_options, use_pdl
@@ -338,3 +339,8 @@ def gemv_add_residual_(
         x, weight, bias, residual, weight.shape[0], residual=residual, config=config, stamps=stamps
     )
     return residual
+
+
+# ---- the kernel table's entries -------------------------------------------------------------
+register("norm_linear", Impl("triton", norm_gemv))
+register("linear_add_residual_", Impl("triton", gemv_add_residual_))

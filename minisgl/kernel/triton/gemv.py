@@ -41,6 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.env import ENV
+
+from .. import HALF, Impl, register
 from .checks import check_gemv_args
 
 # A program per (N block, K split). With fewer than about this many programs per SM the
@@ -255,3 +258,28 @@ def gemv(
             HAS_BIAS=bias is not None,
         )
     return out
+
+
+# ---- the kernel table's entry ---------------------------------------------------------------
+# The GEMV serves at most this many rows, and only weights with K >= N (o_proj, down_proj):
+# where N > K, and from a few rows on, cuBLAS streams the weight as fast.
+GEMV_MAX_M = 2
+
+
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
+    """Whether ``linear(x, weight, bias)`` runs on the GEMV (``MINISGL_DISABLE_GEMV`` says no)."""
+    return (
+        not ENV.DISABLE_GEMV
+        and x.dim() == 2
+        and weight.dim() == 2
+        and 0 < x.shape[0] <= GEMV_MAX_M
+        and weight.shape[1] >= weight.shape[0]
+        and x.dtype in HALF
+        and weight.dtype == x.dtype
+        and x.is_contiguous()
+        and weight.stride(-1) == 1
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
+    )
+
+
+register("linear", Impl("triton", gemv, gemv_fits))

@@ -22,12 +22,15 @@ module is the book's own.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from minisgl.env import ENV
+
+from .. import Impl, register
 from .checks import check_gemv_args
 from .fused import MAX_BLOCK_K
 
@@ -163,3 +166,12 @@ def norm_lm_head(
         num_warps=cfg.num_warps,
     )
     return out
+
+
+# ---- the kernel table's entry ---------------------------------------------------------------
+def lm_head_fits(x: torch.Tensor, *_: Any) -> bool:
+    """A row of ``K`` in one tile, unless ``MINISGL_DISABLE_LM_HEAD_KERNEL`` says no."""
+    return not ENV.DISABLE_LM_HEAD_KERNEL and x.shape[1] <= MAX_K
+
+
+register("norm_lm_head", Impl("triton", norm_lm_head, lm_head_fits))

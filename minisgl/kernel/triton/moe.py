@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import Impl, register
+
 
 @triton.jit
 def fused_moe_kernel(
@@ -151,3 +153,7 @@ def fused_moe_kernel_triton(
         top_k=top_k,
         IEEE_FP32=A.dtype == torch.float32,
     )
+
+
+# ---- the kernel table's entry ---------------------------------------------------------------
+register("moe_grouped_gemm", Impl("triton", fused_moe_kernel_triton))

@@ -21,9 +21,15 @@ There is no upstream counterpart: upstream samples with FlashInfer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
+
+from minisgl.env import ENV
+
+from .. import HALF, Impl, register
 
 BLOCK = 2048  # logits per loop iteration of a program (4 KiB of bf16)
 TARGET_PROGRAMS = 1024  # enough programs in flight to stream the logits at the memory's speed
@@ -109,3 +115,21 @@ def gumbel_sample(
     )
     part = best_score.argmax(dim=1, keepdim=True)
     return best_token.gather(1, part).squeeze(1).long()
+
+
+# ---- the kernel table's entry ---------------------------------------------------------------
+def gumbel_fits(logits: torch.Tensor, temperatures, top_k, top_p, *_: Any) -> bool:
+    """A draw with no top-k or top-p filter, from half-precision logits, unless
+    ``MINISGL_DISABLE_SAMPLE_KERNEL`` says no."""
+    return (
+        not ENV.DISABLE_SAMPLE_KERNEL
+        and logits.dtype in HALF
+        and logits.dim() == 2
+        and logits.stride(-1) == 1
+        and top_k is None
+        and top_p is None
+        and logits.numel() < 2**31  # the noise's counter is an int32
+    )
+
+
+register("sample", Impl("triton", gumbel_sample, gumbel_fits))

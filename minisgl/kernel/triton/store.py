@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import Impl, register
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -133,3 +135,8 @@ def embedding_gather(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out, weight, ids.contiguous(), weight.stride(0), HIDDEN=hidden, BLOCK=block
     )
     return out
+
+
+# ---- the kernel table's entries -------------------------------------------------------------
+register("store_cache", Impl("triton", store_cache))
+register("embedding_gather", Impl("triton", embedding_gather))

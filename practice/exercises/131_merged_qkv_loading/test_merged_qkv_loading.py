@@ -21,7 +21,6 @@ from minisgl.distributed import set_tp_info
 from minisgl.models.weight import load_weight, shard_tensor
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
-QWEN2_KV_HEADS = 2
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -47,8 +46,8 @@ def checkpoint(path: Path) -> Dict[str, torch.Tensor]:
     return out
 
 
-def load_all(path: Path, dtype: torch.dtype = torch.float32, num_kv_heads: int = QWEN2_KV_HEADS):
-    pairs = list(load_weight(path, DEVICE, dtype, num_kv_heads))
+def load_all(path: Path, dtype: torch.dtype = torch.float32):
+    pairs = list(load_weight(path, DEVICE, dtype))
     names = [n for n, _ in pairs]
     return dict(pairs), names
 
@@ -176,7 +175,7 @@ def test_a_merge_group_may_span_files(tmp_path):
         tmp_path / "model-00002-of-00002.safetensors",
         {"l.self_attn.q_proj.weight": q, "l.self_attn.k_proj.weight": k},
     )
-    got = dict(load_weight(tmp_path, DEVICE, torch.float32, 1))
+    got = dict(load_weight(tmp_path, DEVICE, torch.float32))
     assert sorted(got) == ["l.norm.weight", "l.self_attn.qkv_proj.weight"], f"got {sorted(got)}"
     assert_same(
         got["l.self_attn.qkv_proj.weight"], torch.cat([q, k, v]), "qkv merged across two files"
@@ -194,12 +193,12 @@ def test_an_incomplete_merge_group_is_an_error(tmp_path):
         },
     )
     with pytest.raises(ValueError):
-        list(load_weight(tmp_path, DEVICE, torch.float32, 1))
+        list(load_weight(tmp_path, DEVICE, torch.float32))
 
 
 def test_an_empty_folder_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
-        list(load_weight(tmp_path, DEVICE, torch.float32, 1))
+        list(load_weight(tmp_path, DEVICE, torch.float32))
 
 
 # ---- shard_tensor ----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ def req(uid: int, prompt_len: int, max_tokens: int, generated: int = 0) -> Req:
         output_len=max_tokens,
         uid=uid,
         sampling_params=SamplingParams(max_tokens=max_tokens),
-        cache_handle=None,  # type: ignore[arg-type]
     )
     for _ in range(generated):
         r.complete_one()
