@@ -1,8 +1,6 @@
 """Chapter 7: the offline interface serving requests that arrive over time, batch by batch.
 
-To show only the skeleton, overlap scheduling is off and the naive cache is used (no
-prefix reuse). The prompts reach the scheduler at different steps, as they would at a
-server, and ask for different numbers of tokens: a request that arrives while others
+The prompts reach the scheduler at different steps, as they would at a server, and ask for different numbers of tokens: a request that arrives while others
 decode is prefilled at the next step and then joins their batch, and a request that has
 all its tokens leaves it at once. That is continuous batching. Every output is compared with
 Hugging Face generating each prompt on its own.
@@ -21,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +31,7 @@ parser.add_argument("--plot", metavar="FILE", help="also draw the batch timeline
 parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 
-ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # the plain loop  # +ch11
 llm = LLM(
     args.model,
     dtype=torch.float32,
@@ -42,7 +40,7 @@ llm = LLM(
     max_running_req=8,
     num_page_override=1024,
     max_seq_len_override=512,
-    cache_type="naive",
+    cache_type="naive",  # +ch09
 )
 
 prompts = [

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 from minisgl.message import UserMsg
 from minisgl.scheduler.cache import CacheManager
@@ -71,7 +71,7 @@ print("  check_integrity: free + cached pages == all pages, none free twice")
 
 # ---- part 2: admission control with a real model ------------------------------------------------
 print(f"\npart 2: {os.path.basename(args.model)}, a pool of 10 pages x {P} tokens = 40 tokens")
-ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
 llm = LLM(
     args.model,
     dtype=torch.float32,
@@ -81,7 +81,7 @@ llm = LLM(
     num_page_override=10,
     page_size=P,
     max_seq_len_override=256,
-    cache_type="naive",
+    cache_type="naive",  # +ch09
 )
 original_forward = llm._forward
 

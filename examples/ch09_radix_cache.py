@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +46,7 @@ ROUNDS = [
 POOL_TOKENS = 72
 MAX_TOKENS = 4
 
-ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device)
 

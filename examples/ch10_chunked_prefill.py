@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 from minisgl.scheduler.prefill import ChunkedReq
 
@@ -35,7 +35,7 @@ prompts = [
     "Once upon a time, in a land far away, there lived",
 ]
 params = SamplingParams(max_tokens=6, ignore_eos=True)
-ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
 
 
 def run(budget, trace):

@@ -4,14 +4,12 @@ N's results, so on a GPU the CPU's bookkeeping hides behind the device's compute
 Runs the same requests with overlap off and on and prints, for each, a timeline of when
 each batch was launched and when its results were handled, then whether the outputs are
 the same and the mean time per step. On the CPU the "device" is this same thread, so the
-order changes and the time does not. With ``--device cuda`` the step times show the gain,
-given a forward pass that the CPU only launches: FlashInfer and CUDA graphs (chapters 17
-and 18, the CUDA defaults here). With ``--attention-backend torch`` the CPU is busy
-launching thousands of small kernels per step, and there is nothing left to hide.
+order changes and the time does not. With ``--device cuda`` the step times show the gain
+when the CPU only launches the forward pass; the torch attention backend keeps the CPU busy
+launching thousands of small kernels per step, and then there is little left to hide.
 
     python examples/ch11_overlap.py [--model PATH] [--device cpu|cuda] [--requests N] [--max-tokens N]
-        [--attention-backend auto|torch|fi] [--dtype float32|bfloat16] [--cuda-graph-max-bs N]
-        [--trace FILE]
+        [--attention-backend NAME] [--dtype float32|bfloat16] [--trace FILE]
 """
 # output: trace
 # output: mask \s*\d+\.\d+ ms
@@ -40,12 +38,14 @@ parser.add_argument(
 )
 parser.add_argument("--timeline", type=int, default=10, help="timeline lines to print per mode")
 parser.add_argument(
-    "--attention-backend", help="default: torch on the CPU, auto (FlashInfer if installed) on CUDA"
+    "--attention-backend", help="default: torch on the CPU, auto (the fastest that runs) on CUDA"
 )
 parser.add_argument("--dtype", help="default: float32 on the CPU, bfloat16 on CUDA")
+# >>> ch18
 parser.add_argument(
     "--cuda-graph-max-bs", type=int, help="0 turns CUDA graphs off (default: the engine's)"
 )
+# <<< ch18
 parser.add_argument("--trace", metavar="FILE", help="record the scheduler's steps to FILE (JSON)")
 args = parser.parse_args()
 cuda = args.device.startswith("cuda")
@@ -74,7 +74,7 @@ llm = LLM(
     max_running_req=max(4, n_requests),
     max_seq_len_override=512,
     cache_type="naive",
-    cuda_graph_max_bs=args.cuda_graph_max_bs,
+    cuda_graph_max_bs=args.cuda_graph_max_bs,  # +ch18
 )
 events = []  # (seconds, "launch" | "results", batch number, phase, batch size)
 launched = []  # the batches, in launch order (kept alive, so identity finds their number)

@@ -41,7 +41,7 @@ args = parser.parse_args()
 
 def hand_out_slots(engine: Engine, req: Req, free_pages: List[int]) -> None:
     """Give every position this step feeds a KV slot: a fresh page at each page boundary,
-    the next slot of the current page otherwise (the job of chapter 8's CacheManager)."""
+    the next slot of the current page otherwise (the job the scheduler's cache manager takes over)."""
     row = engine.page_table[req.table_idx]
     for pos in range(req.cached_len, req.device_len):
         if pos % PAGE_SIZE == 0:

@@ -1,7 +1,7 @@
-"""Drive the real scheduler loop from a script, with or without a model (chapters 8-11).
+"""Drive the real scheduler loop from a script, with or without a model.
 
-Two schedulers run the unchanged ``Scheduler`` loops (``normal_loop``, ``overlap_loop``),
-message handling, admission and result processing; only where messages come from differs:
+Two schedulers run the unchanged ``Scheduler`` loop, message handling, admission and result
+processing; only where messages come from differs:
 
 * ``FakeEngineScheduler`` has no model. Its "forward" writes a code of (token, position)
   into a fake KV pool at each token's slot, checks that every earlier slot of the request
@@ -20,7 +20,7 @@ were sent in; ``run_script`` runs a script to the end and checks the idle state.
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import nullcontext
+from contextlib import nullcontext  # +ch11
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Dict, List, Sequence, Set, Tuple
@@ -29,19 +29,25 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import ForwardOutput
-from minisgl.env import ENV
-from minisgl.kvcache.radix_cache import RadixCacheHandle, RadixPrefixCache
+from minisgl.env import ENV  # +ch11
+from minisgl.kvcache.radix_cache import RadixCacheHandle, RadixPrefixCache  # +ch09
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg, BaseBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
-from minisgl.scheduler.prefill import ChunkedReq, PrefillManager
+from minisgl.scheduler.prefill import (
+    ChunkedReq,  # +ch10
+    PrefillManager,
+)
 from minisgl.scheduler.scheduler import ForwardInput
 from minisgl.scheduler.table import TableManager
 from minisgl.utils.device import NullEvent, NullStream
 
 Script = Dict[int, List[BaseBackendMsg]]
+# the loops a script may run under (run_script's overlap): the plain one, and the overlapped
+LOOPS = [False]
+LOOPS.append(True)  # +ch11
 FAKE_VOCAB = 13  # small, so requests that do not ignore EOS (token 0) do hit it
 FAKE_EOS = 0
 
@@ -160,10 +166,7 @@ class ScriptMixin:
                 index,
                 st.step - 1,
                 batch.phase,
-                [
-                    (r.uid, r.cached_len, r.extend_len, isinstance(r, ChunkedReq))
-                    for r in batch.reqs
-                ],
+                [(r.uid, r.cached_len, r.extend_len, is_chunk(r)) for r in batch.reqs],
             )
         )
         st.events.append(("launch", index, st.step - 1))
@@ -196,18 +199,28 @@ class ScriptMixin:
 # the invariants
 
 
+def is_chunk(req: Req) -> bool:
+    """Whether ``req`` is a chunk of a longer prompt."""
+    # >>> ch08-ch09
+    # return False
+    # <<< ch08-ch09
+    return isinstance(req, ChunkedReq)  # +ch10
+
+
 def _pages(slots: torch.Tensor, page_size: int) -> List[int]:
     return (slots[::page_size] // page_size).tolist()
 
 
 def live_requests(s: Scheduler) -> List[Req]:
     """Requests holding a table row and KV right now: the decode set, the chunked prompts
-    waiting to continue, and (under overlap) the batch in flight, minus what was freed."""
+    waiting to continue, and the batch in flight, minus what was freed."""
     live: Dict[int, Req] = {}
     candidates: List[Req] = list(s.decode_manager.running_reqs)
+    # >>> ch10
     candidates += [
         p.chunked_req for p in s.prefill_manager.pending_list if p.chunked_req is not None
     ]
+    # <<< ch10
     in_flight = getattr(getattr(s, "state", None), "in_flight", None)
     if in_flight is not None:
         candidates += in_flight.reqs
@@ -220,15 +233,15 @@ def live_requests(s: Scheduler) -> List[Req]:
 def check_resources(s: Scheduler) -> None:
     """Account for every KV page and table row, between two steps of the loop.
 
-    * The prefix cache's own bookkeeping holds (``check_integrity``), and with the radix
-      cache every node's ``ref_count`` equals the number of live requests locking it.
+    * The prefix cache's own bookkeeping holds (``check_integrity``), and with a tree of
+      prefixes every node's ``ref_count`` equals the number of live requests locking it.
     * Each live request's row covers its computed positions ``[0, cached_len)``, page by
       page (slot ``% P`` == position ``% P``); its first ``cache_handle.cached_len`` slots
       are exactly the cached path it locked; the rest are pages it owns.
     * Free pages, pages in the prefix cache and pages owned by live requests are
       disjoint and add up to every page of the pool.
-    * Free rows, rows held back under overlap, and rows of live requests are disjoint and
-      add up to ``max_running_req``.
+    * Free rows, rows held back for a batch in flight, and rows of live requests are
+      disjoint and add up to ``max_running_req``.
     """
     cm: CacheManager = s.cache_manager
     tm: TableManager = s.table_manager
@@ -238,10 +251,12 @@ def check_resources(s: Scheduler) -> None:
     free = (cm.free_slots // P).tolist()
     cached: List[int] = []
     refs: Counter = Counter()
+    # >>> ch09
     radix = isinstance(cm.prefix_cache, RadixPrefixCache)
     if radix:
         for node in cm.prefix_cache._nodes():
             cached += _pages(node.value, P)
+    # <<< ch09
     owned: List[int] = []
     live = live_requests(s)
     for req in live:
@@ -256,6 +271,7 @@ def check_resources(s: Scheduler) -> None:
             f"uid {req.uid}: its row does not point at the cached prefix it locked"
         )
         owned += sorted(set((row[handle.cached_len :] // P).tolist()))
+        # >>> ch09
         if radix:
             assert isinstance(handle, RadixCacheHandle)
             node = handle.node
@@ -267,6 +283,7 @@ def check_resources(s: Scheduler) -> None:
             assert node.ref_count == refs[id(node)], (
                 f"a radix node has ref_count {node.ref_count} but {refs[id(node)]} live users"
             )
+        # <<< ch09
     every = free + cached + owned
     counts = Counter(every)
     twice = [page for page, n in counts.items() if n > 1]
@@ -277,7 +294,8 @@ def check_resources(s: Scheduler) -> None:
     assert len(every) == cm.num_pages, (
         f"pages leaked: free {len(free)} + cached {len(cached)} + owned {len(owned)} != {cm.num_pages}"
     )
-    rows = list(tm._free_slots) + list(s._deferred_slots) + [r.table_idx for r in live]
+    rows = list(tm._free_slots) + [r.table_idx for r in live]
+    rows += list(s._deferred_slots)  # held back for a batch in flight  # +ch11
     assert sorted(rows) == list(range(tm._max_running_reqs)), (
         f"table rows do not add up: {sorted(rows)}"
     )
@@ -285,7 +303,7 @@ def check_resources(s: Scheduler) -> None:
 
 def check_idle(s: Scheduler) -> None:
     """Nothing runs: every page is free or cached (and unlocked), every row is free."""
-    s.run_when_idle()  # releases rows held back under overlap, then check_integrity
+    s.run_when_idle()  # checks the pages' integrity (and releases rows held back)
     check_resources(s)
     assert s.table_manager.available_size == s.table_manager._max_running_reqs, "a table row leaked"
     assert s.cache_manager.prefix_cache.size_info.protected_size == 0, (
@@ -295,9 +313,10 @@ def check_idle(s: Scheduler) -> None:
 
 
 def run_script(s: Scheduler, script: Script, overlap: bool, max_steps: int = 2000) -> None:
-    """Run ``script`` through ``s``'s own loop (overlap or not) until all is done."""
+    """Run ``script`` through ``s``'s own loop until all is done; ``overlap`` (one of
+    ``LOOPS``) picks the loop."""
     s.load_script(script, max_steps)  # type: ignore[attr-defined]
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap  # +ch11
     try:
         s.run_forever()
     except ScriptDone:
@@ -319,15 +338,17 @@ class _FakeEngine(Scheduler):
         page_size: int = 1,
         max_running_req: int = 4,
         max_seq_len: int = 256,
-        cache_type: str = "radix",
+        cache_type: str = "naive",
         max_extend_tokens: int = 8192,
-        enable_retraction: bool = False,
+        enable_retraction: bool = False,  # +ch23
     ) -> None:
         # what Scheduler.__init__ builds, minus the Engine
         page_table = torch.zeros((max_running_req + 1, max_seq_len), dtype=torch.int32)
         self.device = torch.device("cpu")
+        # >>> ch11
         self.stream = NullStream()
         self.engine_stream_ctx = nullcontext()
+        # <<< ch11
         self.engine = SimpleNamespace(
             stream=NullStream(), max_seq_len=max_seq_len, page_table=page_table, num_pages=num_pages
         )
@@ -338,17 +359,21 @@ class _FakeEngine(Scheduler):
             self.cache_manager, self.table_manager, self.decode_manager
         )
         self.finished_reqs = set()
+        # >>> ch11
         self._defer_slot_free = False
         self._deferred_slots = []
         self._in_flight = None
+        # <<< ch11
         self.eos_token_ids = {FAKE_EOS}
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = max_extend_tokens
+        # >>> ch23
         self.retract_manager = None
-        if enable_retraction:  # chapter 23's module, absent from earlier chapters' trees
+        if enable_retraction:
             from minisgl.scheduler.retract import RetractManager
 
             self.retract_manager = RetractManager()
+        # <<< ch23
         self.kv = torch.full(
             (num_pages * page_size,), -1, dtype=torch.int64
         )  # code of (token, pos)
@@ -390,9 +415,8 @@ class _FakeEngine(Scheduler):
 
 
 class FakeEngineScheduler(ScriptMixin, _FakeEngine):
-    """``FakeEngineScheduler(num_pages=8, page_size=4, cache_type="radix",
-    max_extend_tokens=16, max_running_req=4, max_seq_len=256, enable_retraction=False)``;
-    then ``run_script``."""
+    """``FakeEngineScheduler(num_pages=8, page_size=4, cache_type="naive",
+    max_extend_tokens=16, max_running_req=4, max_seq_len=256)``; then ``run_script``."""
 
 
 class ScriptedLLM(ScriptMixin, LLM):
@@ -400,7 +424,7 @@ class ScriptedLLM(ScriptMixin, LLM):
 
 
 # ---------------------------------------------------------------------------------------------
-# random workloads (hypothesis), for the property tests of chapters 8 and 9
+# random workloads (hypothesis), for the property tests
 
 
 @dataclass
@@ -456,7 +480,7 @@ def workloads(
             P,
             num_pages,
             draw(st.sampled_from(list(cache_types))),
-            draw(st.booleans()),
+            draw(st.sampled_from(LOOPS)),
             draw(st.integers(1, 24)),
             draw(st.integers(1, 4)),
             requests,

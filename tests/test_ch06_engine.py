@@ -150,7 +150,7 @@ def test_a_batch_with_no_greedy_row_takes_no_argmax():
 
 def test_a_greedy_rows_filters_do_not_filter_the_shared_draw():
     """A greedy row takes the argmax whatever its top-k or top-p; left in the batch's filter
-    tensors they would send every other row to the filtered sampler (chapter 19)."""
+    tensors they would send every other row to the filtered sampler."""
     sampler = Sampler(torch.device("cpu"), vocab_size=10)
     args = sampler.prepare(
         batch_of(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 from minisgl.scheduler.trace import SCHEMA_PATH, SCHEMA_VERSION, TraceRecorder
 from tests.helpers import DEVICE
@@ -22,8 +22,12 @@ PROMPTS = [
 LENGTHS = [5, 2, 4, 1]
 
 
-def build_llm(path, overlap=False, **kwargs):
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap
+def build_llm(
+    path,
+    overlap=False,  # +ch11
+    **kwargs,
+):
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = not overlap  # +ch11
     options = dict(
         dtype=torch.float32,
         device=DEVICE,
@@ -31,7 +35,7 @@ def build_llm(path, overlap=False, **kwargs):
         max_running_req=4,
         num_page_override=256,
         max_seq_len_override=128,
-        cache_type="naive",
+        cache_type="naive",  # +ch09
     )
     options.update(kwargs)
     return LLM(str(path), **options)
@@ -107,67 +111,6 @@ def test_naive_trace_is_valid_and_equals_the_run(qwen3_path, tmp_path):
         assert sorted(p for r in finished for p in r["pages"]) == step["freed"]
     assert doc["steps"][-1]["free_pages"] == num_pages
     assert {r["uid"] for s in doc["steps"] for r in s["reqs"] if r["finished"]} == set(range(4))
-
-
-def test_radix_trace_records_locks_and_evictions(qwen3_path):
-    # 48 pages: the second round's prompts do not fit beside the first round's cached KV
-    llm = build_llm(qwen3_path, cache_type="radix", num_page_override=48)
-    shared = "Here is a list of the planets of the solar system, in order:"
-    rec, outputs, _ = record(llm, [shared + " Mercury", shared + " Venus"], [3, 3])
-    llm.generate(
-        ["Once upon a time, in a land far away, there lived a king with three daughters"] * 2,
-        SamplingParams(max_tokens=4, ignore_eos=True),
-    )
-    doc = rec.document()
-    llm.shutdown()
-    validate(doc)
-    first = doc["steps"][0]
-    assert first["kind"] == "prefill" and first["radix"] is not None
-    nodes = first["radix"]["nodes"]
-    # after the first prefill both prompts are in the tree: a shared edge locked twice, split
-    # into two locked leaves (each prompt minus the last token it must compute)
-    shared_node = next(n for n in nodes if n["parent"] == first["radix"]["root"])
-    assert shared_node["ref_count"] == 2
-    assert sorted(n["ref_count"] for n in nodes if n["parent"] == shared_node["id"]) == [1, 1]
-    assert first["radix"]["protected_tokens"] == sum(n["length"] for n in nodes)
-    evicted = [p for s in doc["steps"] for p in s["evicted"]]
-    assert evicted, "the second round must evict the first round's prefixes"
-    before = next(i for i, s in enumerate(doc["steps"]) if s["evicted"]) - 1
-    cached = {p for n in doc["steps"][before]["radix"]["nodes"] for p in n["pages"]}
-    assert set(evicted) <= cached
-    for step in doc["steps"]:  # ids are unique, and every parent is in the same tree
-        ids = [n["id"] for n in step["radix"]["nodes"]]
-        assert len(set(ids)) == len(ids)
-        assert {n["parent"] for n in step["radix"]["nodes"]} <= {*ids, step["radix"]["root"]}
-    last = doc["steps"][-1]["radix"]
-    assert all(n["ref_count"] == 0 for n in last["nodes"])  # nothing runs any more
-
-
-def test_overlap_trace_names_the_batch_handled_while_each_ran(qwen3_path):
-    llm = build_llm(qwen3_path, overlap=True)
-    rec, outputs, batches = record(llm, PROMPTS, LENGTHS)
-    doc = rec.document()
-    llm.shutdown()
-    validate(doc)
-    assert doc["config"]["overlap"] is True
-    steps = doc["steps"]
-    assert len(steps) == len(batches)
-    # batch k+1 is launched before batch k's results are handled, except after an idle gap
-    overlapped = [s["index"] for s in steps if s["handled_while_running"] is not None]
-    assert overlapped and all(steps[i]["handled_while_running"] == i - 1 for i in overlapped)
-    assert sampled_by_uid(doc) == {i: o["token_ids"] for i, o in enumerate(outputs)}
-
-
-def test_chunks_are_marked_and_sample_nothing(qwen3_path):
-    llm = build_llm(qwen3_path, max_extend_tokens=4)
-    rec, outputs, _ = record(llm, ["Once upon a time, in a land far away, there lived"], [2])
-    doc = rec.document()
-    llm.shutdown()
-    validate(doc)
-    prefills = [s["reqs"][0] for s in doc["steps"] if s["kind"] == "prefill"]
-    assert len(prefills) > 1 and all(r["extend_len"] <= 4 for r in prefills)
-    assert all(r["chunked"] and r["sampled"] is None for r in prefills[:-1])
-    assert not prefills[-1]["chunked"] and prefills[-1]["sampled"] == outputs[0]["token_ids"][0]
 
 
 def test_detach_restores_the_scheduler(qwen3_path):

@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 from minisgl.message import UserMsg
 from minisgl.scheduler.cache import CacheManager
@@ -128,7 +128,7 @@ def test_requests_admitted_together_fit_in_whole_pages(P):
 def test_a_two_page_pool_serves_its_requests_one_at_a_time(qwen3_path):
     """Each request reserves 2 + 2 + 3 = 7 of the 8 slots (prompt, max_tokens, page slack),
     so the four run one after another, and still give Hugging Face's tokens."""
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
     llm = LLM(
         str(qwen3_path),
         dtype=torch.float32,
@@ -138,7 +138,7 @@ def test_a_two_page_pool_serves_its_requests_one_at_a_time(qwen3_path):
         num_page_override=2,
         page_size=4,
         max_seq_len_override=64,
-        cache_type="naive",
+        cache_type="naive",  # +ch09
     )
     prompts = [[5, 6], [7, 8], [9, 10], [11, 12]]
     out = llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True))

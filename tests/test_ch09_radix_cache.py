@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.llm import LLM
 from minisgl.message import UserMsg
@@ -14,6 +14,8 @@ from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
 from minisgl.scheduler.prefill import PrefillManager
 from minisgl.scheduler.table import TableManager
+from tests import test_ch07_scheduler as ch07
+from tests import test_ch07_trace as ch07_trace
 from tests.helpers import DEVICE, hf_greedy
 from tests.scheduler_harness import (
     FakeEngineScheduler,
@@ -158,7 +160,7 @@ def test_a_running_request_reads_the_cache_copy_of_a_prefix_another_inserted_fir
 
 
 def test_two_identical_prompts_in_one_batch_match_hf_when_the_pool_is_reused(qwen3_path):
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
     llm = LLM(
         str(qwen3_path),
         dtype=torch.float32,
@@ -181,7 +183,7 @@ def test_two_identical_prompts_in_one_batch_match_hf_when_the_pool_is_reused(qwe
 
 
 def test_a_second_round_reuses_the_shared_prefix_and_still_matches_hf(qwen3_path):
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
     llm = LLM(
         str(qwen3_path),
         dtype=torch.float32,
@@ -224,3 +226,56 @@ def test_random_workloads_with_shared_prefixes_keep_every_page_accounted_for(w):
     step each node's ref_count equals its live users and free + cached + owned pages add
     up; at the end nothing is locked, every page is free or cached, every row is free."""
     check_workload(w)
+
+
+def test_two_identical_prompts_in_one_batch_read_the_cached_copy(qwen3_path):
+    """Regression: the second identical prompt of a batch frees its duplicate KV when it is
+    cached; its row must then point at the cache's copy, or it decodes from pages that the
+    third request is given."""
+    llm = ch07.build_llm(
+        qwen3_path,
+        cache_type="radix",
+        max_running_req=4,
+        num_page_override=64,
+        max_seq_len_override=128,
+        max_extend_tokens=40,
+    )
+    shared, other = list(range(100, 120)), list(range(300, 320))
+    out = llm.generate([shared, shared, other], [ch07.greedy(n) for n in (8, 8, 1)])
+    ref = hf_greedy(qwen3_path, [shared, other], 8)
+    assert [o["token_ids"] for o in out] == [ref[0], ref[0], ref[1][:1]]
+    llm.shutdown()
+
+
+def test_radix_trace_records_locks_and_evictions(qwen3_path):
+    # 48 pages: the second round's prompts do not fit beside the first round's cached KV
+    llm = ch07_trace.build_llm(qwen3_path, cache_type="radix", num_page_override=48)
+    shared = "Here is a list of the planets of the solar system, in order:"
+    rec, outputs, _ = ch07_trace.record(llm, [shared + " Mercury", shared + " Venus"], [3, 3])
+    llm.generate(
+        ["Once upon a time, in a land far away, there lived a king with three daughters"] * 2,
+        SamplingParams(max_tokens=4, ignore_eos=True),
+    )
+    doc = rec.document()
+    llm.shutdown()
+    ch07_trace.validate(doc)
+    first = doc["steps"][0]
+    assert first["kind"] == "prefill" and first["radix"] is not None
+    nodes = first["radix"]["nodes"]
+    # after the first prefill both prompts are in the tree: a shared edge locked twice, split
+    # into two locked leaves (each prompt minus the last token it must compute)
+    shared_node = next(n for n in nodes if n["parent"] == first["radix"]["root"])
+    assert shared_node["ref_count"] == 2
+    assert sorted(n["ref_count"] for n in nodes if n["parent"] == shared_node["id"]) == [1, 1]
+    assert first["radix"]["protected_tokens"] == sum(n["length"] for n in nodes)
+    evicted = [p for s in doc["steps"] for p in s["evicted"]]
+    assert evicted, "the second round must evict the first round's prefixes"
+    before = next(i for i, s in enumerate(doc["steps"]) if s["evicted"]) - 1
+    cached = {p for n in doc["steps"][before]["radix"]["nodes"] for p in n["pages"]}
+    assert set(evicted) <= cached
+    for step in doc["steps"]:  # ids are unique, and every parent is in the same tree
+        ids = [n["id"] for n in step["radix"]["nodes"]]
+        assert len(set(ids)) == len(ids)
+        assert {n["parent"] for n in step["radix"]["nodes"]} <= {*ids, step["radix"]["root"]}
+    last = doc["steps"][-1]["radix"]
+    assert all(n["ref_count"] == 0 for n in last["nodes"])  # nothing runs any more

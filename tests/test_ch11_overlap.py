@@ -9,6 +9,8 @@ from minisgl.core import SamplingParams
 from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import AbortBackendMsg
+from tests import test_ch07_scheduler as ch07
+from tests import test_ch07_trace as ch07_trace
 from tests.helpers import DEVICE, hf_greedy
 from tests.scheduler_harness import (
     FakeEngineScheduler,
@@ -204,3 +206,51 @@ def test_overlap_on_cuda_gives_the_same_tokens(qwen3_path):
         )
         llm.shutdown()
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(
+    "cache_type,overlap,page_size", [("radix", False, 1), ("radix", True, 4), ("naive", True, 16)]
+)
+def test_cache_and_overlap_settings_do_not_change_outputs(
+    qwen2_path, cache_type, overlap, page_size
+):
+    llm = ch07.build_llm(qwen2_path, overlap=overlap, cache_type=cache_type, page_size=page_size)
+    prompts = ch07.PROMPTS + [ch07.PROMPTS[0] + " a city"]  # shares a prefix with prompt 0
+    for _ in range(2):  # the second round hits the radix cache
+        out = llm.generate(prompts, ch07.greedy(6))
+        assert [o["token_ids"] for o in out] == hf_greedy(qwen2_path, prompts, 6)
+    assert llm.table_manager.available_size == 8
+    llm.cache_manager.check_integrity()
+    llm.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_overlap_releases_a_held_back_row_when_nothing_is_in_flight(qwen3_path):
+    """Regression: with one table row and overlap on, the row of a finished request is held
+    back; it must come back once nothing is in flight, or the next request waits forever."""
+    llm = ch07.build_llm(qwen3_path, overlap=True, max_running_req=1)
+    out = llm.generate([[1, 2], [3, 4]], ch07.greedy(1))
+    assert [o["token_ids"] for o in out] == [
+        r[:1] for r in hf_greedy(qwen3_path, [[1, 2], [3, 4]], 1)
+    ]
+    assert llm.table_manager.available_size == 1
+    llm.shutdown()
+
+
+def test_overlap_trace_names_the_batch_handled_while_each_ran(qwen3_path):
+    llm = ch07_trace.build_llm(qwen3_path, overlap=True)
+    rec, outputs, batches = ch07_trace.record(llm, ch07_trace.PROMPTS, ch07_trace.LENGTHS)
+    doc = rec.document()
+    llm.shutdown()
+    ch07_trace.validate(doc)
+    assert doc["config"]["overlap"] is True
+    steps = doc["steps"]
+    assert len(steps) == len(batches)
+    # batch k+1 is launched before batch k's results are handled, except after an idle gap
+    overlapped = [s["index"] for s in steps if s["handled_while_running"] is not None]
+    assert overlapped and all(steps[i]["handled_while_running"] == i - 1 for i in overlapped)
+    assert ch07_trace.sampled_by_uid(doc) == {i: o["token_ids"] for i, o in enumerate(outputs)}
+
+
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_any_row_under_overlap(qwen3_path):
+    ch07.check_a_seeded_request_alone_and_in_any_row(ch07.build_llm(qwen3_path, overlap=True))

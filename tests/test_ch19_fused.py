@@ -13,14 +13,15 @@ FlashInfer against the torch backend.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
 
 from minisgl import kernel
-from minisgl.attention.split_kv import SPLIT_KV_MAX_BS
 from minisgl.benchmark import manual
 from minisgl.kernel import torch_fused, torch_ops
+from minisgl.kernel.speedups import FUSED_DECODE_MAX_BS
 from minisgl.models import fused_decode
 from tests.helpers import MODELS, SMOLLM2, hf_encode, interpret
 
@@ -53,11 +54,25 @@ def count_calls(monkeypatch, module, name):
     return calls
 
 
+def count_kernel_calls(op: str, calls: list, device: str = "cpu") -> None:
+    """Append the function's name to ``calls`` at every call of ``op``'s Triton kernel on
+    ``device`` (where Triton runs: the kernel table loads it first)."""
+    assert kernel.has_kernel(op, "triton", torch.zeros(1, device=device))
+
+    def counting(f):
+        return lambda *a, **kw: calls.append(f.__name__) or f(*a, **kw)
+
+    kernel.OPS[op] = [
+        replace(i, function=counting(i.function)) if i.library == "triton" else i
+        for i in kernel.OPS[op]
+    ]
+
+
 def fused_on_any_dtype(monkeypatch):
     """Let the fused path take float32 decode batches (it takes fp16/bf16 only)."""
 
     def takes(model, batch):
-        return batch.is_decode and batch.padded_size <= fused_decode.FUSED_DECODE_MAX_BS
+        return batch.is_decode and batch.padded_size <= FUSED_DECODE_MAX_BS
 
     monkeypatch.setattr(fused_decode, "takes", takes)
 
@@ -72,12 +87,13 @@ def test_the_engine_keeps_the_unfused_model_where_the_fused_kernels_do_not_run(q
     engine.shutdown()
 
 
-def test_a_kernel_module_a_later_chapter_brings_counts_as_absent(monkeypatch):
-    """In a step tree (python -m tools.steps) the Triton package may be missing: the op falls back."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton serves the CPU: only the module is missing
-    missing = kernel.Impl("triton", "triton.no_such_module", "norm_gemv")
-    monkeypatch.setitem(kernel.OPS, "norm_linear", (missing, *kernel.OPS["norm_linear"][1:]))
+def test_an_op_without_a_triton_kernel_falls_back_where_triton_runs(monkeypatch):
+    """Where Triton runs, an op it has no kernel for still runs, on its torch reference."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton serves the CPU
     x, w = torch.randn(1, 8), torch.randn(4, 8)
+    assert kernel.library_for("norm_linear", x, torch.ones(8), 1e-6, w) == "triton"
+    torch_only = [impl for impl in kernel.OPS["norm_linear"] if impl.library == "torch"]
+    monkeypatch.setitem(kernel.OPS, "norm_linear", torch_only)
     assert kernel.library_for("norm_linear", x, torch.ones(8), 1e-6, w) == "torch"
     assert not kernel.has_kernel("norm_linear", "triton", x)
 
@@ -388,9 +404,9 @@ print("kernels ok")
 MODEL_SCRIPT = """
 import sys, torch
 from minisgl import kernel
-from minisgl.kernel.triton import decode as td, fused as tf, lm_head as tlh
+from minisgl.kernel.triton import fused as tf, lm_head as tlh
 from minisgl.models import fused_decode
-from tests.test_ch19_fused import cpu_engine, logits_of
+from tests.test_ch19_fused import count_kernel_calls, cpu_engine, logits_of
 
 path = sys.argv[1]
 # wide tiles, so the interpreter runs a few programs, not hundreds (the kernel test runs the real tiles)
@@ -398,10 +414,8 @@ tf.fused_gemv_config = lambda m, n, k, swiglu=False: tf.FusedGemvConfig(2, 64, 6
 tlh.lm_head_config = lambda n, sms: tlh.LMHeadConfig(4, 1024, -(-n // 4096), 4, 1)
 takes = fused_decode.takes
 calls = []
-for module, name in ((tf, "norm_gemv"), (tf, "gemv_add_residual_"), (tlh, "norm_lm_head"),
-                     (td, "decode_attention_qkv")):
-    real = getattr(module, name)
-    setattr(module, name, (lambda f: lambda *a, **kw: calls.append(f.__name__) or f(*a, **kw))(real))
+for op in ("norm_linear", "linear_add_residual_", "norm_lm_head", "decode_attention_qkv"):
+    count_kernel_calls(op, calls)
 assert kernel.library_for("norm_linear", torch.zeros(1, 8), torch.ones(8), 1e-6, torch.zeros(4, 8)) == "triton"
 
 for backend in ("torch", "split_kv"):
@@ -504,18 +518,17 @@ def test_fused_kernels_at_qwen3_shapes_match_float32(m):
 def test_the_engine_on_the_fused_path_gives_the_unfused_logits(page_size, n_prompts, monkeypatch):
     """Teacher-forced: the unfused run's tokens are fed to the fused one. Same tolerance as
     FlashInfer against the torch backend (chapter 17): 2 % of each step's logit range."""
-    from minisgl.env import ENV
-    from minisgl.kernel.triton import decode
+    from minisgl.attention import split_kv
+    from minisgl.kernel import speedups
 
     path, engine = gpu_engine(page_size)
     assert isinstance(engine.model, fused_decode.FusedDecodeLM)
-    monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", True)
-    tokens, plain = logits_of(engine, path, n_prompts)
-    monkeypatch.setattr(ENV.DISABLE_FUSED_DECODE, "value", False)
-    attention_calls = count_calls(monkeypatch, decode, "decode_attention_qkv")
+    with speedups.using(fused_decode=False):
+        tokens, plain = logits_of(engine, path, n_prompts)
+    attention_calls = count_calls(monkeypatch, split_kv, "decode_attention_qkv")
     _, fused = logits_of(engine, path, n_prompts, forced=tokens)
     # the split-KV kernel does the q/k norms, RoPE and the store from qkv, in every layer
-    assert n_prompts <= SPLIT_KV_MAX_BS
+    assert n_prompts <= FUSED_DECODE_MAX_BS
     assert len(attention_calls) == (STEPS - 1) * len(engine.model.model.layers)
     for step, (a, b) in enumerate(zip(fused, plain)):
         diff, scale = float((a - b).abs().max()), float(b.max() - b.min())

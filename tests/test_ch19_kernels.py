@@ -298,29 +298,20 @@ def test_gemv_matches_f_linear_at_qwen3_shapes(tp):
 
 
 @pytest.mark.gpu
-def test_linear_sends_small_batches_to_the_gemv(monkeypatch):
-    from minisgl.env import ENV
-    from minisgl.kernel.triton import gemv as triton_gemv
+def test_linear_sends_small_batches_to_the_gemv():
+    from minisgl.kernel import speedups
+    from minisgl.kernel.triton.gemv import GEMV_MAX_M
 
-    calls = []
-    real = triton_gemv.gemv
+    def library(m, k=2048, n=1024, dtype=torch.bfloat16):
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        return kernel.library_for("linear", x, torch.randn(n, k, device="cuda", dtype=dtype))
 
-    def counting_gemv(x, *args, **kwargs):
-        calls.append(x.shape[0])
-        return real(x, *args, **kwargs)
-
-    monkeypatch.setattr(triton_gemv, "gemv", counting_gemv)
-    w = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)  # o_proj: K >= N
-    for m in (1, kernel.GEMV_MAX_M, kernel.GEMV_MAX_M + 1):
-        kernel.linear(torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16), w)
-    kernel.linear(torch.randn(1, 2048, device="cuda"), w.float())  # float32 stays with cuBLAS
-    wide = torch.randn(
-        4096, 1024, device="cuda", dtype=torch.bfloat16
-    )  # qkv: cuBLAS streams it well
-    kernel.linear(torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16), wide)
-    monkeypatch.setattr(ENV.DISABLE_GEMV, "value", True)
-    kernel.linear(torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16), w)
-    assert calls == [1, kernel.GEMV_MAX_M]
+    # o_proj (K >= N): the GEMV up to GEMV_MAX_M rows
+    assert [library(m) for m in (1, GEMV_MAX_M, GEMV_MAX_M + 1)] == ["triton", "triton", "torch"]
+    assert library(1, dtype=torch.float32) == "torch"  # float32 stays with cuBLAS
+    assert library(1, k=1024, n=4096) == "torch"  # qkv: cuBLAS streams it well
+    with speedups.using(gemv=False):
+        assert library(1) == "torch"
 
 
 @pytest.mark.gpu

@@ -99,8 +99,8 @@ def test_gumbel_sampling_follows_the_distribution_at_qwen3s_vocabulary():
 
 
 @pytest.mark.gpu
-def test_the_sampler_takes_the_kernel_unless_a_filter_or_the_switch_says_no(monkeypatch):
-    from minisgl.env import ENV
+def test_the_sampler_takes_the_kernel_unless_a_filter_or_the_switch_says_no():
+    from minisgl.kernel import speedups
 
     logits = torch.zeros(4, 151936, device="cuda", dtype=torch.bfloat16)
     temps = torch.ones(4, device="cuda")
@@ -108,5 +108,5 @@ def test_the_sampler_takes_the_kernel_unless_a_filter_or_the_switch_says_no(monk
     assert kernel.library_for("sample", logits, temps, None, None, None) == "triton"
     assert kernel.library_for("sample", logits, temps, top_k, None, None) == "flashinfer"
     assert kernel.library_for("sample", logits.float(), temps, None, None, None) == "torch"
-    monkeypatch.setattr(ENV.DISABLE_SAMPLE_KERNEL, "value", True)
-    assert kernel.library_for("sample", logits, temps, None, None, None) == "flashinfer"
+    with speedups.using(sample_kernel=False):
+        assert kernel.library_for("sample", logits, temps, None, None, None) == "flashinfer"

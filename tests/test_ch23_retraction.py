@@ -133,6 +133,7 @@ def starvation(retract: bool, overlap: bool) -> FakeEngineScheduler:
         num_pages=56,
         page_size=4,
         max_seq_len=CONTEXT,
+        cache_type="radix",
         enable_retraction=retract,
     )
     longs = [user(0, range(1, 9), CONTEXT - 8), user(1, range(2, 10), CONTEXT - 8)]

@@ -22,6 +22,8 @@ block that says when they live:
 
 In chapters 7 and 8 those lines are live code (uncommented, without the markers); before
 chapter 7 they are gone; from chapter 9 on they stay as the comment they are in the file.
+Cutting merges the blank lines around a dropped block as a formatter would, and a
+``from x import (...)`` whose names were all cut goes with them.
 
 ``version(text, n)`` cuts one version; ``parse(text)`` reads the markers and raises
 ``MarkerError`` naming the line of the first malformed, unclosed or misnamed one. The
@@ -204,10 +206,36 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
             elif body:
                 line = indent + (body[2:] if body.startswith("# ") else body[1:])
         out.append(line)
+    out = _drop_emptied_imports(out)
     result = "\n".join(out)
     if dropping and text.endswith("\n"):  # a block dropped at the end: one final newline
         result = result.rstrip("\n") + "\n"
     return result
+
+
+_FROM_OPEN = re.compile(r"^[ \t]*from [\w.]+ import \($")
+_CLOSE_PAREN = re.compile(r"^[ \t]*\)$")
+
+
+def _drop_emptied_imports(lines: List[str]) -> List[str]:
+    """``from x import (`` and ``)`` with every name between them cut (each marked with a later
+    chapter, as a formatter lays out a long import): nothing is imported, so neither stays."""
+    out: List[str] = []
+    dropped = False
+    for line in lines:
+        if _CLOSE_PAREN.match(line) and out and _FROM_OPEN.match(out[-1]):
+            out.pop()
+            dropped = True
+            continue
+        if (
+            dropped
+            and not line.strip()
+            and (not out or not out[-1].strip() or out[-1].endswith(":"))
+        ):
+            continue  # no blank line doubled, none opening a block
+        dropped = False
+        out.append(line)
+    return out
 
 
 def _trailing_blanks(lines: List[str]) -> int:

@@ -1,4 +1,3 @@
-"""Benchmarks (chapter 22): the offline throughput workload, decode step time, and their
-helpers. Run them as modules: ``python -m minisgl.benchmark.offline --help``,
-``python -m minisgl.benchmark.decode_step --help``. Mirrors upstream ``benchmark/`` and
+"""Benchmarks: scripts that time a part of the engine and print figures. Run them as modules
+(``python -m minisgl.benchmark.<name> --help``). Mirrors upstream ``benchmark/`` and
 ``minisgl.benchmark``."""

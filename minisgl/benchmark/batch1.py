@@ -2,9 +2,9 @@
 
     python -m minisgl.benchmark.batch1 --model models/qwen3-0.6b-shaped [--json batch1.json]
 
-Chapter 19 makes a decode step of one request fast in steps; each has an ``ENV`` switch
-that turns it off (``minisgl/env.py``). This builds the engine once per rung with every
-later speed-up switched off and times the same step as ``decode_step`` does (one request,
+Chapter 19 makes a decode step of one request fast in steps; each is a field of the
+speed-ups record (``minisgl/kernel/speedups.py``). This builds the engine once per rung
+with every later speed-up off and times the same step as ``decode_step`` does (one request,
 ``--context`` cached tokens, CUDA graphs on, GPU time):
 
 1. ``FlashInfer + cuBLAS``: chapter 18's engine (with this chapter's KV store and gather);
@@ -29,7 +29,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from minisgl.engine import Engine, EngineConfig
-from minisgl.env import ENV
+from minisgl.kernel import speedups
 from minisgl.utils import div_ceil
 
 from .common import format_table, measure_copy_bandwidth
@@ -41,7 +41,7 @@ from .decode_step import (
     weight_bytes,
 )
 
-SWITCHES = ("GEMV", "FUSED_DECODE", "SPLIT_KV", "PDL", "LM_HEAD_KERNEL")  # ENV.DISABLE_<name>
+SWITCHES = ("gemv", "fused_decode", "split_kv", "pdl", "lm_head_kernel")  # SpeedUps fields
 # each rung: its name, and the speed-ups still switched off
 RUNGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("FlashInfer + cuBLAS", SWITCHES),
@@ -53,15 +53,14 @@ RUNGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 
-def set_switches(off: Tuple[str, ...]) -> None:
-    """Turn the named speed-ups off and every other one on."""
-    for name in SWITCHES:
-        getattr(ENV, f"DISABLE_{name}").value = name in off
-
-
 def time_rung(args: argparse.Namespace, off: Tuple[str, ...]) -> Dict[str, object]:
-    """One engine with ``off`` switched off: its batch-1 step (GPU and wall ms) and kernels."""
-    set_switches(off)
+    """One engine with the speed-ups ``off`` off and the others on: its batch-1 step (GPU and
+    wall ms) and kernels."""
+    with speedups.using(**{name: name not in off for name in SWITCHES}):
+        return _time_engine(args)
+
+
+def _time_engine(args: argparse.Namespace) -> Dict[str, object]:
     engine = Engine(
         EngineConfig(
             args.model,
@@ -104,12 +103,7 @@ def main(argv: List[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("batch1 measures GPU time: it needs CUDA")
-    saved = {name: getattr(ENV, f"DISABLE_{name}").value for name in SWITCHES}
-    try:
-        rungs = [dict(name=name, off=list(off), **time_rung(args, off)) for name, off in RUNGS]
-    finally:
-        for name, value in saved.items():
-            getattr(ENV, f"DISABLE_{name}").value = value
+    rungs = [dict(name=name, off=list(off), **time_rung(args, off)) for name, off in RUNGS]
     bandwidth = measure_copy_bandwidth(torch.device("cuda"))
     w_bytes, kv_token = rungs[-1].pop("bytes")
     for rung in rungs:

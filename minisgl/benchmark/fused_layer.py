@@ -14,7 +14,7 @@ in a CUDA graph:
 * ``fused``: ``norm_linear`` (qkv), ``decode_attention_qkv`` (the q/k norms, RoPE, the store
   and the attention), ``linear_add_residual_`` (o_proj), ``norm_linear(swiglu=True)``
   (gate/up), ``linear_add_residual_`` (down): the fused decode path's six launches, with
-  programmatic dependent launch; ``fused, no PDL`` the same without it (``ENV.DISABLE_PDL``).
+  programmatic dependent launch; ``fused, no PDL`` the same without it (the speed-up ``pdl``).
 
 Prints microseconds per layer and the weight bytes read per second. ``--sweep`` times each
 fused GEMV alone over a grid of tiles, beside the tiles ``fused_gemv_config`` picks.
@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from minisgl import kernel
-from minisgl.env import ENV
+from minisgl.kernel import speedups
 from minisgl.kernel.triton import fused as fused_kernels
 from minisgl.layers.rotary import _cos_sin_cache
 
@@ -247,11 +247,8 @@ def main(argv: List[str] | None = None) -> None:
             chain = LayerChain(cfg, m, args.distinct_layers)
             nbytes = layer_bytes(chain.weights[0])
             timings = {"unfused": chain.time_us(chain.unfused, args.replays)}
-            ENV.DISABLE_PDL.value = True
-            try:
+            with speedups.using(pdl=False):
                 timings["no PDL"] = chain.time_us(chain.fused, args.replays)
-            finally:
-                ENV.DISABLE_PDL.value = False
             timings["fused"] = chain.time_us(chain.fused, args.replays)
             rows.append(
                 [

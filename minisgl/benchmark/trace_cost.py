@@ -4,7 +4,7 @@ and without a ``TraceRecorder`` attached (minisgl/scheduler/trace.py).
     python -m minisgl.benchmark.trace_cost [--model PATH] [--device cpu|cuda] [--runs 7]
                                        [--requests N] [--max-tokens N]
 
-One ``LLM`` (chapter 7's settings: naive cache, overlap off, the torch backend on the CPU)
+One ``LLM`` (the naive cache, the plain loop, the torch backend on the CPU)
 runs the same ``generate`` ``--runs`` times each way, alternating (off, on, off, on, ...) so
 that a drifting machine moves both; one warm-up run first is not counted. Prints the median
 seconds of each, their ratio, and the time spent in the recorder's hooks themselves
@@ -25,7 +25,7 @@ from typing import Dict, List
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.llm import LLM
 from minisgl.scheduler.trace import TraceRecorder
 
@@ -70,7 +70,7 @@ def timed(llm: LLM, prompts: List[str], params: List[SamplingParams], record: bo
 def main(argv: List[str] | None = None) -> int:
     args = parse_args(argv)
     cuda = args.device.startswith("cuda")
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = True
+    ENV.DISABLE_OVERLAP_SCHEDULING.value = True  # +ch11
     llm = LLM(
         args.model,
         dtype=torch.bfloat16 if cuda else torch.float32,
@@ -79,7 +79,7 @@ def main(argv: List[str] | None = None) -> int:
         max_running_req=max(8, args.requests),
         num_page_override=4096,
         max_seq_len_override=512,
-        cache_type="naive",
+        cache_type="naive",  # +ch09
     )
     prompts = [SUBJECTS[i % len(SUBJECTS)] for i in range(args.requests)]
     lengths = [args.max_tokens or [6, 3, 5, 1, 2][i % 5] for i in range(args.requests)]

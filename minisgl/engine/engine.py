@@ -182,10 +182,12 @@ class Engine:
     # >>> ch18
     def _capture_graphs(self) -> GraphRunner:
         """The decode CUDA graphs: CUDA, and a backend that can be replayed."""
-        mc = self.config.model_config
         graph_bs: list[int] = []
         replayable = is_cuda(self.device) and self.attn_backend.supports_cuda_graph
-        replayable &= not mc.is_moe or self.ctx.moe_backend.supports_cuda_graph  # +ch21
+        # >>> ch21
+        if self.config.model_config.is_moe:
+            replayable &= self.ctx.moe_backend.supports_cuda_graph
+        # <<< ch21
         if replayable:
             graph_bs = determine_graph_bs(
                 self.config.cuda_graph_bs,

@@ -2,25 +2,33 @@
 
 ``LLM`` *is* a scheduler. It overrides only where messages come from (a list in memory)
 and where results go (a dict in memory), and reuses the main loop unchanged, so testing
-the offline interface tests the server's scheduling too. With ``tp > 1`` it drives the
-other tensor-parallel ranks as well (chapter 16). Mirrors upstream
+the offline interface tests the server's scheduling too. Mirrors upstream
 ``minisgl.llm.llm.LLM``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,  # +ch16
+    Any,
+    Dict,
+    List,
+    Sequence,
+    Tuple,
+)
 
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.layers.shard import check_tp_size
+from minisgl.layers.shard import check_tp_size  # +ch16
 from minisgl.message import BaseBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
+# >>> ch16
 if TYPE_CHECKING:
     from .tp import RankGroup
+# <<< ch16
 
 Prompt = str | List[int]
 
@@ -41,30 +49,33 @@ class RequestStatus:
 
 
 class LLM(Scheduler):
-    """``LLM(model_path, dtype=torch.bfloat16, tp=1, **scheduler_options)``; the options are
-    ``SchedulerConfig`` fields (``device``, ``max_running_req``, ``cache_type``, ...).
-
-    With ``tp > 1`` this process is rank 0 of a tensor-parallel group and spawns the other
-    ranks (``minisgl.llm.tp``, chapter 16); on CUDA rank ``r`` uses GPU ``r``. Call
-    ``shutdown()`` to stop them (they also die with this process).
+    """``LLM(model_path, dtype=torch.bfloat16, **scheduler_options)``; the options are
+    ``SchedulerConfig`` fields (``device``, ``max_running_req``, ...).
 
     Raises:
         FileNotFoundError: when ``model_path`` holds no model (the message says how to get
             the book's default one).
-        ValueError: when the model's heads cannot be split over ``tp`` ranks.
     """
 
     def __init__(
-        self, model_path: str, dtype: torch.dtype = torch.bfloat16, tp: int = 1, **kwargs: Any
+        self,
+        model_path: str,
+        dtype: torch.dtype = torch.bfloat16,
+        tp: int = 1,  # +ch16
+        **kwargs: Any,
     ) -> None:
         config = SchedulerConfig(
             model_path=str(model_path), dtype=dtype, offline_mode=True, **kwargs
         )
+        # >>> ch16: with tp > 1 this process is rank 0 of a tensor-parallel group and spawns
+        # the other ranks (minisgl.llm.tp); on CUDA rank r uses GPU r. shutdown() stops them
+        # (they also die with this process); a model whose heads cannot be split over tp
+        # ranks is refused with a ValueError here, before any process starts
         self._ranks: RankGroup | None = None
         if tp != 1:
             from .tp import RankGroup
 
-            mc = config.model_config  # refuse a bad tp here, before starting any process
+            mc = config.model_config
             check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp)
             self._ranks = RankGroup(config, tp)
             config = self._ranks.config
@@ -76,6 +87,10 @@ class LLM(Scheduler):
             if self._ranks is not None:
                 self._ranks.stop()
             raise
+        # <<< ch16
+        # >>> ch07-ch15
+        # super().__init__(config)
+        # <<< ch07-ch15
         self.pending_requests: List[Tuple[torch.Tensor, SamplingParams]] = []
         self.status_map: Dict[int, RequestStatus] = {}
         self.counter = 0
@@ -98,8 +113,10 @@ class LLM(Scheduler):
             total_len += len(input_ids)
             self.status_map[uid] = RequestStatus(uid, input_ids.tolist(), params.ignore_eos)
             msgs.append(UserMsg(uid=uid, input_ids=input_ids, sampling_params=params))
-        if self._ranks is not None:  # the other ranks must feed exactly the same, this very step
+        # >>> ch16: the other ranks must feed exactly the same, this very step
+        if self._ranks is not None:
             self._ranks.publish(msgs)
+        # <<< ch16
         return msgs
 
     def send_result(self, reply: List[DetokenizeMsg]) -> None:
@@ -147,13 +164,15 @@ class LLM(Scheduler):
             self.run_forever()
         except RequestAllFinished:
             pass
-        except RuntimeError as e:  # a collective failed: say which rank took it down
+        # >>> ch16: a collective failed: say which rank took it down
+        except RuntimeError as e:
             dead = self._ranks.dead_ranks(wait_s=1.0) if self._ranks is not None else []
             if dead:
                 raise RuntimeError(
                     f"tensor-parallel {'; '.join(dead)}: this LLM cannot continue"
                 ) from e
             raise
+        # <<< ch16
         self.run_when_idle()
         results = []
         for i in range(len(prompts)):
@@ -170,8 +189,10 @@ class LLM(Scheduler):
         return results
 
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks (if any), then this engine."""
+        """Stop this engine (and first the other tensor-parallel ranks, if any)."""
+        # >>> ch16
         if self._ranks is not None:
             self._ranks.stop()
             self._ranks = None
+        # <<< ch16
         super().shutdown()

@@ -1,9 +1,6 @@
-"""Messages between the server's processes (explained in chapter 12).
-
-The scheduler already speaks them in chapter 7: the offline ``LLM`` feeds it ``UserMsg``
-and collects ``DetokenizeMsg`` without any process boundary. Across processes they travel
-as msgpack (``minisgl.message.utils``); the API server's own messages are in
-``minisgl.message.frontend``.
+"""The messages the scheduler speaks: what it receives (``backend``) and what it sends
+(``tokenizer``). The offline ``LLM`` feeds it ``UserMsg`` and collects ``DetokenizeMsg``
+in memory.
 """
 
 from .backend import (
@@ -11,29 +8,29 @@ from .backend import (
     BaseBackendMsg,
     BatchBackendMsg,
     ExitMsg,
-    StatsQueryMsg,
+    StatsQueryMsg,  # +ch12
     UserMsg,
 )
 from .tokenizer import (
-    AbortMsg,
+    AbortMsg,  # +ch12
     BaseTokenizerMsg,
-    BatchTokenizerMsg,
+    BatchTokenizerMsg,  # +ch12
     DetokenizeMsg,
     SampledLogprobs,
-    TokenizeMsg,
+    TokenizeMsg,  # +ch12
 )
 
 __all__ = [
     "AbortBackendMsg",
-    "AbortMsg",
+    "AbortMsg",  # +ch12
     "BaseBackendMsg",
     "BaseTokenizerMsg",
     "BatchBackendMsg",
-    "BatchTokenizerMsg",
+    "BatchTokenizerMsg",  # +ch12
     "DetokenizeMsg",
     "ExitMsg",
     "SampledLogprobs",
-    "StatsQueryMsg",
-    "TokenizeMsg",
+    "StatsQueryMsg",  # +ch12
+    "TokenizeMsg",  # +ch12
     "UserMsg",
 ]

@@ -1,7 +1,5 @@
-"""Messages that reach the scheduler (the "backend") from the tokenizer (explained in ch. 12).
-
-They cross a process boundary as msgpack (``minisgl.message.utils``); the offline ``LLM``
-hands them to the scheduler in memory. Mirrors upstream ``minisgl.message.backend``.
+"""Messages that reach the scheduler (the "backend"); the offline ``LLM`` hands them to it
+in memory. Mirrors upstream ``minisgl.message.backend``.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ class BatchBackendMsg(BaseBackendMsg):
     data: List[BaseBackendMsg] = field(default_factory=list)
 
 
+# >>> ch12
 @dataclass
 class StatsQueryMsg(BaseBackendMsg):
     """Ask the scheduler for its counters (free KV pages, free table rows, ...). It answers
@@ -55,3 +54,6 @@ class StatsQueryMsg(BaseBackendMsg):
     exposes the counters at ``GET /stats``)."""
 
     uid: int
+
+
+# <<< ch12

@@ -1,16 +1,17 @@
-"""Messages that reach the tokenizer worker (explained in chapter 12).
-
-From the API server: ``TokenizeMsg`` (a new request, as text or chat messages) and
-``AbortMsg``; from the scheduler: ``DetokenizeMsg`` (one new token). Mirrors upstream
+"""Messages bound for the tokenizer worker: from the scheduler, ``DetokenizeMsg`` (one new
+token); the offline ``LLM`` collects them in memory. Mirrors upstream
 ``minisgl.message.tokenizer``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import (
+    Dict,  # +ch12
+    List,
+)
 
-from minisgl.core import SamplingParams
+from minisgl.core import SamplingParams  # +ch12
 
 
 @dataclass
@@ -18,11 +19,15 @@ class BaseTokenizerMsg:
     """Anything the tokenizer worker receives."""
 
 
+# >>> ch12
 @dataclass
 class BatchTokenizerMsg(BaseTokenizerMsg):
     """Several messages sent together (one scheduler step's tokens), handled in order."""
 
     data: List[BaseTokenizerMsg] = field(default_factory=list)
+
+
+# <<< ch12
 
 
 @dataclass
@@ -52,6 +57,7 @@ class DetokenizeMsg(BaseTokenizerMsg):
     logprobs: SampledLogprobs | None = None
 
 
+# >>> ch12: from the API server
 @dataclass
 class TokenizeMsg(BaseTokenizerMsg):
     """A new request: ``text`` is a prompt, or chat messages (``[{"role": "user",
@@ -60,7 +66,7 @@ class TokenizeMsg(BaseTokenizerMsg):
     uid: int
     text: str | List[Dict[str, str]]
     sampling_params: SamplingParams
-    stop: List[str] = field(default_factory=list)  # stop strings (chapter 13's StopChecker)
+    stop: List[str] = field(default_factory=list)  # stop strings, checked as text is decoded
     stop_token_ids: List[int] = field(default_factory=list)  # tokens that end the answer
     context_len: int = 0  # > 0: refuse a prompt leaving fewer than max_tokens of this many
 
@@ -70,3 +76,6 @@ class AbortMsg(BaseTokenizerMsg):
     """The client of request ``uid`` went away: forget it and tell the scheduler."""
 
     uid: int
+
+
+# <<< ch12

@@ -1,6 +1,5 @@
-"""Chapter 19's decode step of up to four requests: each layer in four GEMV kernels and the
-attention, the final norm inside the LM head. From 64 requests, the model's own layers with
-the attention from the raw ``qkv``.
+"""The decode step of a few requests: each layer in four GEMV kernels and the attention, the
+final norm inside the LM head.
 
 At decode batch 1 a step is about fifteen kernels per layer, and each costs a few
 microseconds however little it does, so the step's time is the kernel count, not the bytes.
@@ -8,23 +7,22 @@ This path walks the same model's layers and calls the fused kernel ops on their 
 
 * ``norm_linear``: the layer's input norm and ``qkv_proj`` in one kernel (the norm is the
   GEMV's prologue); later the post-attention norm, ``gate_up_proj`` and SwiGLU in one;
-* the attention from the raw ``qkv``: on the split-KV backend one launch does the q/k norms,
-  RoPE, the KV store and the attention (``SplitKVBackend.forward_qkv``); on any other
-  backend the layer's own ``AttentionLayer.forward`` runs;
+* the attention from the raw ``qkv``: on a batch the split-KV backend took (its metadata's
+  ``path``), one launch does the q/k norms, RoPE, the KV store and the attention
+  (``SplitKVBackend.forward_qkv``); on any other the layer's own ``AttentionLayer.forward``;
 * ``linear_add_residual_``: ``o_proj`` and ``down_proj`` each add their output into the
   residual stream in place, so the separate add-and-norm kernels disappear;
 * ``norm_lm_head``: the final norm and the LM head in one persistent kernel.
 
 The dataflow carries the residual stream alone (``residual: [B, hidden]``, updated in
 place), where the unfused layers carry ``(x, residual)`` and fuse each add into the next
-norm. A decode of ``DECODE_BATCH_MIN_BS`` requests or more on the split-KV backend's batch
-kernel (``takes_large``) runs the unfused layers, except that the attention starts from the
-``qkv`` output there too. ``FusedDecodeLM`` wraps a model the way ``torch.compile`` does:
-decode batches the paths take run here, every other batch and every attribute are the
-model's own. It needs one rank (each layer's whole output is added into the residual) and
-dense MLPs. The engine wraps its model where the fused kernels run in Triton;
-``MINISGL_DISABLE_FUSED_DECODE=1`` keeps the unfused path at every batch size. Upstream
-mini-sglang has no fused decode path; this module is the book's own.
+norm. ``FusedDecodeLM`` wraps a model the way ``torch.compile`` does: decode batches of at
+most ``FUSED_DECODE_MAX_BS`` requests run here, every other batch and every attribute are
+the model's own. It needs one rank (each layer's whole output is added into the residual)
+and dense MLPs. The engine wraps its model where the fused kernels run in Triton; the
+speed-up ``fused_decode`` off (``MINISGL_DISABLE_FUSED_DECODE=1``) keeps the unfused path at
+every batch size. Upstream mini-sglang has no fused decode path; this module is the book's
+own.
 """
 
 from __future__ import annotations
@@ -33,21 +31,15 @@ from typing import Any
 
 import torch
 
-from minisgl.attention.split_kv import (
-    DECODE_BATCH_MIN_BS,
-    QKNormRope,
-    SplitKVBackend,
-    SplitKVMetadata,
-)
+from minisgl.attention.split_kv import QKNormRope, SplitKVBackend, SplitKVMetadata
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
-from minisgl.kernel import HALF
+from minisgl.kernel import HALF, speedups
 from minisgl.kernel.fused_ops import linear_add_residual_, norm_linear, norm_lm_head
+from minisgl.kernel.speedups import FUSED_DECODE_MAX_BS
 
 from .base import BaseLLMModel
 from .utils import CausalLM, DecoderLayer, GatedMLP, RopeAttn
-
-FUSED_DECODE_MAX_BS = 4  # the fused kernels keep the broadcast sums of up to 4 rows in registers
 
 
 def fusable(model: BaseLLMModel) -> bool:
@@ -60,40 +52,39 @@ def fusable(model: BaseLLMModel) -> bool:
 
 
 def takes(model: CausalLM, batch: Batch) -> bool:
-    """Whether ``batch`` runs on the fused path: a decode of at most ``FUSED_DECODE_MAX_BS`` requests,
-    an fp16/bf16 model, and ``MINISGL_DISABLE_FUSED_DECODE`` not set."""
-    from minisgl.env import ENV
-
+    """Whether ``batch`` runs on the fused path: a decode of at most ``FUSED_DECODE_MAX_BS``
+    requests, an fp16/bf16 model, and the speed-up ``fused_decode`` on."""
     return (
         batch.is_decode
         and batch.padded_size <= FUSED_DECODE_MAX_BS
         and model.model.embed_tokens.weight.dtype in HALF
-        and not ENV.DISABLE_FUSED_DECODE
+        and speedups.current().fused_decode
     )
 
 
+# >>> ch20
 def takes_large(model: CausalLM, batch: Batch) -> bool:
     """Whether ``batch`` runs the model's own layers with the attention from ``qkv``: a decode
-    that the split-KV backend sends to its batch kernel (``DECODE_BATCH_MIN_BS`` requests or
-    more), an fp16/bf16 model, and ``MINISGL_DISABLE_FUSED_DECODE`` not set."""
-    from minisgl.env import ENV
-
+    that the split-KV backend sends to its batch kernel, an fp16/bf16 model, and the
+    speed-up ``fused_decode`` on."""
+    meta = batch.attn_metadata
     return (
-        batch.is_decode
-        and batch.padded_size >= DECODE_BATCH_MIN_BS
-        and isinstance(batch.attn_metadata, SplitKVMetadata)
+        isinstance(meta, SplitKVMetadata)
+        and meta.path == "batch"
         and model.model.embed_tokens.weight.dtype in HALF
-        and not ENV.DISABLE_FUSED_DECODE
+        and speedups.current().fused_decode
     )
+
+
+# <<< ch20
 
 
 def _attention(attn: RopeAttn, qkv: torch.Tensor, batch: Batch) -> torch.Tensor:
     """``qkv: [B, (H_q + 2 H_kv) D]`` -> the attention output ``[B, H_q D]``."""
     backend = get_global_ctx().attn_backend
-    if not (
-        isinstance(backend, SplitKVBackend) and isinstance(batch.attn_metadata, SplitKVMetadata)
-    ):
+    if not isinstance(batch.attn_metadata, SplitKVMetadata):  # the backend took no path
         return attn.attn.forward(qkv)
+    assert isinstance(backend, SplitKVBackend)
     has_norm = attn.q_norm is not None and attn.k_norm is not None
     rope = QKNormRope(
         attn.attn.rotary.cos_sin_cache(qkv.device),
@@ -127,6 +118,7 @@ def forward(model: CausalLM, batch: Batch) -> torch.Tensor:
     return norm_lm_head(residual, norm.weight, norm.eps, model.lm_head.weight)
 
 
+# >>> ch20
 def forward_large(model: CausalLM, batch: Batch) -> torch.Tensor:
     """A large decode step -> logits ``[B, V]``: the unfused layers (``DecoderLayer.forward``),
     except that each attention starts from the raw ``qkv``. Products this wide are cuBLAS's,
@@ -142,9 +134,11 @@ def forward_large(model: CausalLM, batch: Batch) -> torch.Tensor:
     return model.lm_head.forward(model.model.norm.forward(x, residual)[0])
 
 
+# <<< ch20
+
+
 class FusedDecodeLM(BaseLLMModel):
-    """``model`` with its decode steps of up to four requests on the fused path, and those of
-    ``DECODE_BATCH_MIN_BS`` or more with the attention from ``qkv``.
+    """``model`` with its decode steps of a few requests on the fused path.
 
     ``forward()`` reads the batch from the global context like any model; the weights, their
     loading and every other attribute are ``model``'s (``engine.model.model.layers`` reaches
@@ -169,8 +163,10 @@ class FusedDecodeLM(BaseLLMModel):
         batch = get_global_ctx().batch
         if takes(self._model, batch):
             return forward(self._model, batch)
+        # >>> ch20: the large ones with the attention from qkv
         if takes_large(self._model, batch):
             return forward_large(self._model, batch)
+        # <<< ch20
         return self._model.forward()
 
     def state_dict(self, **kwargs: Any) -> Any:

@@ -4,7 +4,7 @@ Every KV slot is in exactly one of three places: free (``free_slots``, kept one 
 page), held by the prefix cache (evictable or protected), or owned by a running request
 beyond what the prefix cache holds. ``check_integrity`` verifies that pages add up.
 
-Mirrors upstream ``minisgl.scheduler.cache.CacheManager`` (explained in chapter 8).
+Mirrors upstream ``minisgl.scheduler.cache.CacheManager``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,12 @@ if TYPE_CHECKING:
 
 
 class CacheManager:
-    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, type: str) -> None:
+    """``num_pages`` pages of ``page_size`` tokens, handed out for the page table's rows;
+    ``type`` names the prefix cache in front of them (``"naive"`` caches nothing)."""
+
+    def __init__(
+        self, num_pages: int, page_size: int, page_table: torch.Tensor, type: str = "naive"
+    ) -> None:
         device = page_table.device
         # one entry per free page: the slot of its first token (page * P)
         self.free_slots = torch.arange(num_pages, dtype=torch.int32, device=device) * page_size

@@ -9,27 +9,27 @@ from minisgl.engine import EngineConfig
 
 @dataclass(frozen=True)
 class SchedulerConfig(EngineConfig):
-    """``max_extend_tokens`` is the prefill token budget of one step (longer prompts are
-    chunked, chapter 10); ``cache_type`` is ``"radix"`` or ``"naive"``; ``offline_mode``
-    means no processes and no sockets (the ``LLM`` class). ``enable_retraction`` admits on
-    an estimate of each request's future tokens and retracts running requests when a decode
-    step runs out of KV pages (chapter 23); off, admission reserves every ``max_tokens``.
-
-    Online, ``ipc_dir`` is the launch's private directory of socket files (chapter 14);
-    the ``zmq_*_addr`` properties name the sockets in it. Upstream keys them on the pid.
-    """
+    """``max_extend_tokens`` is the prefill token budget of one step; ``offline_mode``
+    means no processes and no sockets (the ``LLM`` class)."""
 
     max_extend_tokens: int = 8192
-    cache_type: str = "radix"
+    cache_type: str = "radix"  # the prefix cache: "radix" or "naive"  # +ch09
     offline_mode: bool = False
+    # >>> ch14: online, the launch's private directory of socket files; the zmq_*_addr
+    # properties name the sockets in it (upstream keys them on the pid)
     ipc_dir: str | None = None
+    # <<< ch14
+    # >>> ch23: admit on an estimate of each request's future tokens, and retract running
+    # requests when a decode step runs out of KV pages; off, admission reserves every max_tokens
     enable_retraction: bool = False
+    # <<< ch23
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
 
+    # >>> ch14
     def _addr(self, name: str) -> str:
         if self.ipc_dir is None:
             raise ValueError("an online scheduler needs ipc_dir (the launch's socket directory)")
@@ -49,3 +49,5 @@ class SchedulerConfig(EngineConfig):
     def zmq_scheduler_broadcast_addr(self) -> str:
         """Where rank 0 re-broadcasts every received message to the other ranks."""
         return self._addr("broadcast")
+
+    # <<< ch14

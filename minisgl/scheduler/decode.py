@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import math  # +ch23
 from dataclasses import dataclass, field
 from typing import Iterable, Set
 
@@ -36,13 +36,16 @@ class DecodeManager:
         slack = (self.page_size - 1) * len(self.running_reqs)
         return sum(req.remain_len for req in self.running_reqs) + slack
 
+    # >>> ch23
     def estimated_tokens(self, new_token_ratio: float) -> int:
         """``inflight_tokens`` with what each has left scaled by ``new_token_ratio`` and
-        rounded up (chapter 23); equal to ``inflight_tokens`` at 1."""
+        rounded up; equal to ``inflight_tokens`` at 1."""
         if new_token_ratio == 1.0:
             return self.inflight_tokens
         slack = (self.page_size - 1) * len(self.running_reqs)
         return sum(math.ceil(r.remain_len * new_token_ratio) for r in self.running_reqs) + slack
+
+    # <<< ch23
 
     def schedule_next_batch(self) -> Batch | None:
         if not self.runnable:

@@ -1,65 +1,74 @@
-"""Where the scheduler's messages come from and where its results go, when it serves.
+"""Where the scheduler's messages come from and where its results go.
 
-Online, rank 0 pulls messages from the tokenizer worker and pushes each step's tokens
-back to it. Under tensor parallelism (chapter 16) every rank runs the same scheduler on
-its own slice of the model, and every rank must see the same messages in the same order,
-or their batches (and their collective operations) diverge. So only rank 0 listens to
-the tokenizer; it re-publishes what it received to the other ranks, as the raw bytes,
-once per loop iteration (an empty list when nothing came), and each other rank reads
-exactly one such publication per iteration. The ranks stay in step without any extra
-collective: all of them run the same loop on the same state. Upstream broadcasts the
-message count through a CPU process group instead.
-
-Offline (``config.offline_mode``), nothing is opened: the ``LLM`` subclass overrides
-``receive_msg`` and ``send_result`` itself. Mirrors upstream
-``minisgl.scheduler.io.SchedulerIOMixin``.
+The scheduler's loop touches the outside world through two methods only, ``receive_msg``
+and ``send_result``, which it inherits from ``SchedulerIOMixin``. Offline
+(``config.offline_mode``) nothing is opened: the ``LLM`` subclass overrides both itself.
+Mirrors upstream ``minisgl.scheduler.io.SchedulerIOMixin``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List
+from typing import (
+    TYPE_CHECKING,
+    Dict,  # +ch14
+    List,
+)
 
 from minisgl.message import (
     BaseBackendMsg,
-    BatchBackendMsg,
-    BatchTokenizerMsg,
+    BatchBackendMsg,  # +ch14
+    BatchTokenizerMsg,  # +ch14
     DetokenizeMsg,
-    StatsQueryMsg,
+    StatsQueryMsg,  # +ch14
 )
 from minisgl.utils import init_logger
 
 if TYPE_CHECKING:
-    from minisgl.engine import Engine
-    from minisgl.utils.mp import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue
+    from minisgl.engine import Engine  # +ch14
+    from minisgl.utils.mp import (
+        ZmqPubQueue,  # +ch14
+        ZmqPullQueue,  # +ch14
+        ZmqPushQueue,  # +ch14
+        ZmqSubQueue,  # +ch14
+    )
 
-    from .cache import CacheManager
+    from .cache import CacheManager  # +ch14
     from .config import SchedulerConfig
-    from .decode import DecodeManager
-    from .prefill import PrefillManager
-    from .table import TableManager
+    from .decode import DecodeManager  # +ch14
+    from .prefill import PrefillManager  # +ch14
+    from .table import TableManager  # +ch14
 
 logger = init_logger(__name__)
 
 
 class SchedulerIOMixin:
-    """Gives the ``Scheduler`` its ``receive_msg`` and ``send_result`` when serving.
+    """Gives the ``Scheduler`` its ``receive_msg`` and ``send_result``."""
 
-    Call ``SchedulerIOMixin.__init__`` after the managers exist. Rank 0 binds
-    ``config.zmq_backend_addr`` (pull) and connects to ``config.zmq_detokenizer_addr``
-    (push); with more ranks it binds ``config.zmq_scheduler_broadcast_addr`` (publish) and
-    waits until every other rank has subscribed (``TimeoutError`` after 60 s).
-    """
-
+    # >>> ch14: online, rank 0 pulls messages from the tokenizer worker and pushes each step's
+    # tokens back to it. Under tensor parallelism every rank runs the same scheduler on its
+    # own slice of the model, and every rank must see the same messages in the same order,
+    # or their batches (and their collective operations) diverge. So only rank 0 listens to
+    # the tokenizer; it re-publishes what it received to the other ranks, as the raw bytes,
+    # once per loop iteration (an empty list when nothing came), and each other rank reads
+    # exactly one such publication per iteration. The ranks stay in step without any extra
+    # collective: all of them run the same loop on the same state. Upstream broadcasts the
+    # message count through a CPU process group instead.
     engine: Engine
     cache_manager: CacheManager
     table_manager: TableManager
     prefill_manager: PrefillManager
     decode_manager: DecodeManager
+    # <<< ch14
 
     def __init__(self, config: SchedulerConfig) -> None:
+        """Call it after the scheduler's managers exist. Offline it opens nothing."""
         if config.offline_mode:
             return  # the subclass (LLM) brings its own receive_msg and send_result
-        # imported here: offline (chapter 7 on) there are no sockets and no msgpack at all
+        # >>> ch14: rank 0 binds config.zmq_backend_addr (pull) and connects to
+        # config.zmq_detokenizer_addr (push); with more ranks it binds
+        # config.zmq_scheduler_broadcast_addr (publish) and waits until every other rank has
+        # subscribed (TimeoutError after 60 s). Imported here: offline there are no sockets
+        # and no msgpack at all
         from minisgl.message.utils import dumps, loads
         from minisgl.utils.mp import ZmqPubQueue, ZmqPullQueue, ZmqPushQueue, ZmqSubQueue
 
@@ -84,6 +93,7 @@ class SchedulerIOMixin:
             )
         self.receive_msg = self._receive_online  # type: ignore[method-assign]
         self.send_result = self._send_online  # type: ignore[method-assign]
+        # <<< ch14
 
     # ---- the interface the scheduler's loop calls ---------------------------------------
     def receive_msg(self, blocking: bool = False) -> List[BaseBackendMsg]:
@@ -97,6 +107,7 @@ class SchedulerIOMixin:
     def run_when_idle(self) -> None:
         """Called before blocking for a message (the scheduler checks its KV pages)."""
 
+    # >>> ch14
     # ---- online -------------------------------------------------------------------------
     def _receive_online(self, blocking: bool = False) -> List[BaseBackendMsg]:
         if blocking:
@@ -175,3 +186,5 @@ class SchedulerIOMixin:
             queue = getattr(self, name, None)
             if queue is not None:
                 queue.stop()
+
+    # <<< ch14

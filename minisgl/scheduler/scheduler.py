@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, List, NamedTuple, NoReturn, Set, Tuple, TypeAl
 import torch
 
 from minisgl.core import Batch, Req
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.message import (
     AbortBackendMsg,
     BaseBackendMsg,
@@ -25,13 +25,22 @@ from minisgl.message import (
     UserMsg,
 )
 from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
-from minisgl.utils.device import create_stream, pin, set_stream, stream_ctx, synchronize
+from minisgl.utils.device import (
+    create_stream,  # +ch11
+    pin,
+    set_stream,  # +ch11
+    stream_ctx,  # +ch11
+    synchronize,
+)
 
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .io import SchedulerIOMixin
-from .prefill import ChunkedReq, PrefillManager
+from .prefill import (
+    ChunkedReq,  # +ch10
+    PrefillManager,
+)
 from .table import TableManager
 
 if TYPE_CHECKING:
@@ -54,8 +63,8 @@ ForwardData: TypeAlias = "Tuple[ForwardInput, ForwardOutput]"
 
 class Scheduler(SchedulerIOMixin):
     """Runs requests to completion. Where messages come from and where results go
-    (``receive_msg``, ``send_result``) is not its business: the offline ``LLM`` overrides
-    them in memory, and when serving ``SchedulerIOMixin`` speaks ZMQ (chapter 14)."""
+    (``receive_msg``, ``send_result``, from ``SchedulerIOMixin``) is not its business: the
+    offline ``LLM`` overrides them in memory."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         from minisgl.engine import Engine
@@ -63,43 +72,51 @@ class Scheduler(SchedulerIOMixin):
         self.engine = Engine(config)
         self.config = config
         self.device = self.engine.device
-        # metadata is prepared on this stream while the engine computes on its own (ch. 11)
+        # >>> ch11: metadata is prepared on this stream while the engine computes on its own
         self.stream = create_stream(self.device)
         self.engine_stream_ctx = stream_ctx(self.engine.stream)
         set_stream(self.stream)
+        # <<< ch11
 
         self.table_manager = TableManager(config.max_running_req, self.engine.page_table)
         self.cache_manager = CacheManager(
-            self.engine.num_pages, config.page_size, self.engine.page_table, config.cache_type
+            self.engine.num_pages,
+            config.page_size,
+            self.engine.page_table,
+            config.cache_type,  # +ch09
         )
         self.decode_manager = DecodeManager(config.page_size)
         self.prefill_manager = PrefillManager(
             self.cache_manager, self.table_manager, self.decode_manager
         )
 
-        self.finished_reqs: Set[Req] = set()
-        # under overlap, a freed row is reused only once no in-flight batch can touch it
+        self.finished_reqs: Set[Req] = set()  # the requests the last handled step finished
+        # >>> ch11: under overlap, a freed row is reused only once no in-flight batch can touch it
         self._defer_slot_free = False
         self._deferred_slots: List[int] = []
-        self._in_flight: Batch | None = None  # under overlap: the batch launched, not yet handled
+        self._in_flight: Batch | None = None  # the batch launched, not yet handled
+        # <<< ch11
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_token_ids = load_eos_token_ids(config.model_path, self.tokenizer)
         self.token_pool = self.table_manager.token_pool
         self.prefill_budget = config.max_extend_tokens
-        # chapter 23, loaded only when on: admit on an estimate, retract when pages run out
+        # >>> ch23: loaded only when on: admit on an estimate, retract when pages run out
         self.retract_manager = None  # a retract.RetractManager when on (typed there: no circle)
         if config.enable_retraction:
             from .retract import RetractManager
 
             self.retract_manager = RetractManager()
-        super().__init__(config)  # the I/O: sockets when serving, nothing offline
+        # <<< ch23
+        super().__init__(config)  # the I/O
 
     # ---- the loops ----------------------------------------------------------------------
     def normal_loop(self) -> None:
         """Receive, schedule, forward, then handle this batch's results: CPU and device
         take turns."""
-        self._defer_slot_free = False  # nothing is in flight when results are handled
+        # >>> ch11: nothing is in flight when results are handled
+        self._defer_slot_free = False
         self._in_flight = None
+        # <<< ch11
         blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
@@ -109,9 +126,10 @@ class Scheduler(SchedulerIOMixin):
             ongoing = (forward_input, self._forward(forward_input))
         self._process_last_data(ongoing)
 
+    # >>> ch11
     def overlap_loop(self, last_data: ForwardData | None) -> ForwardData | None:
         """Launch batch N+1 on the engine stream, then handle batch N's results on the CPU
-        while the device computes (chapter 11)."""
+        while the device computes."""
         self._defer_slot_free = True
         blocking = not (
             last_data is not None or self.prefill_manager.runnable or self.decode_manager.runnable
@@ -131,8 +149,12 @@ class Scheduler(SchedulerIOMixin):
         self._process_last_data(last_data)
         return ongoing
 
+    # <<< ch11
+
     @torch.inference_mode()
     def run_forever(self) -> NoReturn:
+        # >>> ch11: overlap scheduling, unless switched off; the plain loop then prepares its
+        # batches on the engine's stream
         if ENV.DISABLE_OVERLAP_SCHEDULING:
             with self.engine_stream_ctx:
                 self.engine.stream.wait_stream(self.stream)
@@ -141,10 +163,15 @@ class Scheduler(SchedulerIOMixin):
         data = None
         while True:
             data = self.overlap_loop(data)
+        # <<< ch11
+        # >>> ch07-ch10
+        # while True:
+        #     self.normal_loop()
+        # <<< ch07-ch10
 
     def run_when_idle(self) -> None:
         """Nothing is running: a good moment to verify that no KV page leaked."""
-        self._release_deferred_slots()
+        self._release_deferred_slots()  # +ch11
         self.cache_manager.check_integrity()
 
     def shutdown(self) -> None:
@@ -175,15 +202,13 @@ class Scheduler(SchedulerIOMixin):
                 msg.sampling_params.max_tokens = max_output_len
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
-            req = (
-                self.prefill_manager.abort_req(msg.uid)
-                or self.decode_manager.abort_req(msg.uid)
-                or self._find_in_flight(msg.uid)
-            )
+            req = self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
+            req = req or self._find_in_flight(msg.uid)  # +ch11
             if req is not None:
                 self._free_req_resources(req)
-                # under overlap it may sit in the batch in flight: drop that result
+                # >>> ch11: it may sit in the batch in flight: drop that result
                 self.finished_reqs.add(req)
+                # <<< ch11
         else:
             raise TypeError(f"unknown message type {type(msg).__name__}")
 
@@ -193,19 +218,23 @@ class Scheduler(SchedulerIOMixin):
         batch, output = last_data[0].batch, last_data[1]
         next_tokens_cpu, logprobs = output.next_tokens_cpu, output.logprobs
         output.copy_done_event.synchronize()  # this batch, and every one before it, is done
-        self._release_deferred_slots()
+        self._release_deferred_slots()  # +ch11
         reply: List[DetokenizeMsg] = []
         new_finished: Set[Req] = set()
         with self.cache_manager.lazy_free_region():
             for i, req in enumerate(batch.reqs):
-                if isinstance(req, ChunkedReq):  # a chunk samples nothing
+                # >>> ch10: a chunk samples nothing
+                if isinstance(req, ChunkedReq):
                     continue
-                if req in self.finished_reqs:  # finished or aborted while this batch flew
+                # <<< ch10
+                # >>> ch11: finished or aborted while this batch flew
+                if req in self.finished_reqs:
                     continue
+                # <<< ch11
                 next_token = next_tokens_cpu[i]
                 req.append_host(next_token.unsqueeze(0))
                 token = int(next_token.item())
-                # count what the CPU has received: under overlap device_len has moved on
+                # count the tokens the CPU has received
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
                     finished |= token in self.eos_token_ids
@@ -220,11 +249,14 @@ class Scheduler(SchedulerIOMixin):
                     self.decode_manager.remove_req(req)
                     self._free_req_resources(req)
                     new_finished.add(req)
-                elif batch.is_prefill:  # the prompt's KV goes to the prefix cache right away
+                # >>> ch09: the prompt's KV goes to the prefix cache right away
+                elif batch.is_prefill:
                     self.cache_manager.cache_req(req, finished=False)
+                # <<< ch09
         self.finished_reqs = new_finished
         self.send_result(reply)
 
+    # >>> ch11
     def _find_in_flight(self, uid: int) -> Req | None:
         """Under overlap, a request whose last token is being computed has already left the
         decode set (it cannot decode further) but its result is not handled yet: it is
@@ -236,33 +268,45 @@ class Scheduler(SchedulerIOMixin):
                 return req
         return None
 
+    # <<< ch11
+
     def _free_req_resources(self, req: Req) -> None:
+        # >>> ch11: under overlap the row waits until no batch in flight can touch it
         if self._defer_slot_free:
             self._deferred_slots.append(req.table_idx)
         else:
             self.table_manager.free(req.table_idx)
+        # <<< ch11
+        # >>> ch07-ch10
+        # self.table_manager.free(req.table_idx)
+        # <<< ch07-ch10
         self.cache_manager.cache_req(req, finished=True)
 
+    # >>> ch11
     def _release_deferred_slots(self) -> None:
         for slot in self._deferred_slots:
             self.table_manager.free(slot)
         self._deferred_slots.clear()
 
+    # <<< ch11
+
     # ---- one batch ---------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
+        # >>> ch23: admission reserves the current share of each output budget
+        if self.retract_manager is not None:
+            self.prefill_manager.new_token_ratio = self.retract_manager.new_token_ratio.value
+        # <<< ch23
         # prefill first: new requests get their first token soon; decode otherwise
-        retract = self.retract_manager
-        # the share of each output budget admission reserves: all of it unless chapter 23's on
-        ratio = 1.0 if retract is None else retract.new_token_ratio.value
-        batch = self.prefill_manager.schedule_next_batch(self.prefill_budget, ratio)
-        if batch is None and retract is not None:  # a page for every decoding request
-            retract.retract_decode(self)
+        batch = self.prefill_manager.schedule_next_batch(self.prefill_budget)
+        # >>> ch23: a page for every decoding request, retracting some if need be
+        if batch is None and self.retract_manager is not None:
+            self.retract_manager.retract_decode(self)
+        # <<< ch23
         batch = batch or self.decode_manager.schedule_next_batch()
         return self._prepare_batch(batch) if batch else None
 
     def _prepare_batch(self, batch: Batch) -> ForwardInput:
-        # a decode batch under CUDA graphs is padded with dummy requests (chapter 18)
-        self.engine.graph_runner.pad_batch(batch)
+        self.engine.graph_runner.pad_batch(batch)  # to a captured graph's size  # +ch18
         self.cache_manager.allocate_paged(batch.reqs)
         batch.positions = _make_positions(batch, self.device)
         input_tuple = _make_input_tuple(batch, self.device)

@@ -3,8 +3,8 @@
 ``TraceRecorder.attach(scheduler)`` wraps four of the scheduler's methods *on that one
 object* (``_prepare_batch``, ``_forward``, ``_process_last_data`` and the prefill queue's
 ``add_one_req``) and its prefix cache's ``evict``. Nothing in ``Scheduler`` knows about it:
-a scheduler without a recorder runs exactly the code of chapters 7-11, with no flag to test
-on its hot path. With one, every step reads the page table, the free list and the radix
+a scheduler without a recorder runs exactly its own code, with no flag to test on its hot
+path. With one, every step reads the page table, the free list and the radix
 tree back to the CPU, so recording costs a device synchronisation per step (it is for
 looking, not for benchmarks); it never runs inside a CUDA graph, only around ``forward_batch``.
 
@@ -12,16 +12,16 @@ looking, not for benchmarks); it never runs inside a CUDA graph, only around ``f
 ``SCHEMA_VERSION``): the run's settings, the requests, and per step (one batch launched):
 
 * ``kind`` (prefill/decode) and, per request in the batch, its ``uid``, table ``row``,
-  ``cached_len``, ``device_len`` and ``extend_len`` (tokens fed), whether it is a chunk
-  (chapter 10), the KV ``pages`` it holds, those ``new_pages`` this step allocated, and the
+  ``cached_len``, ``device_len`` and ``extend_len`` (tokens fed), whether it is a chunk of a
+  longer prompt, the KV ``pages`` it holds, those ``new_pages`` this step allocated, and the
   token ``sampled`` and its ``text`` (``None`` for a chunk);
 * ``rows``: every occupied page-table row (its request and the pages of ``[0, device_len)``);
 * ``free_pages``, the pages ``freed`` back to the free list and ``evicted`` from the prefix
   cache while the step was scheduled or its results handled;
 * ``radix``: the radix tree after the step's results were handled (nodes, lock counts), or
   ``None`` with the naive cache;
-* ``handled_while_running``: under overlap scheduling (chapter 11), the step whose results
-  the CPU handled while this one was on the device;
+* ``handled_while_running``: when the scheduler overlaps steps, the step whose results the
+  CPU handled while this one was on the device;
 * ``timings_ms``: CPU time to schedule, to launch and to handle results, and when it
   launched and when its results were handled.
 
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Set, Tuple
 
 import torch
 
-from minisgl.env import ENV
+from minisgl.env import ENV  # +ch11
 from minisgl.utils import div_ceil
 
-from .prefill import ChunkedReq
+from .prefill import ChunkedReq  # +ch10
 
 if TYPE_CHECKING:
     from minisgl.core import Batch, Req
@@ -195,7 +195,7 @@ class TraceRecorder:
         step["timings_ms"]["handle"] = round(handle_ms, 3)
         finished = self.scheduler.finished_reqs
         for rec, req, n in zip(step["reqs"], batch.reqs, before):
-            if not isinstance(req, ChunkedReq) and len(req.input_ids) > n:
+            if len(req.input_ids) > n:  # a chunk appends nothing
                 rec["sampled"] = int(req.input_ids[-1])
                 rec["text"] = self.scheduler.tokenizer.decode([rec["sampled"]])
             rec["finished"] = req in finished
@@ -226,7 +226,10 @@ class TraceRecorder:
             "cached_len": req.cached_len,
             "device_len": req.device_len,
             "extend_len": req.extend_len,
-            "chunked": isinstance(req, ChunkedReq),
+            # >>> ch07-ch09
+            # "chunked": False,
+            # <<< ch07-ch09
+            "chunked": isinstance(req, ChunkedReq),  # +ch10
             "pages": pages,
             # pages before ceil(cached_len / P) were there already (its own, or the cache's)
             "new_pages": [
@@ -309,8 +312,14 @@ class TraceRecorder:
                 "num_pages": s.cache_manager.num_pages,
                 "max_running_req": cfg.max_running_req,
                 "max_extend_tokens": s.prefill_budget,
-                "cache_type": cfg.cache_type,
-                "overlap": not ENV.DISABLE_OVERLAP_SCHEDULING,
+                # >>> ch07-ch08
+                # "cache_type": "naive",
+                # <<< ch07-ch08
+                "cache_type": cfg.cache_type,  # +ch09
+                # >>> ch07-ch10
+                # "overlap": False,
+                # <<< ch07-ch10
+                "overlap": not ENV.DISABLE_OVERLAP_SCHEDULING,  # +ch11
                 "device": str(s.device),
             },
             "requests": [self.requests[u] for u in sorted(self.requests)],

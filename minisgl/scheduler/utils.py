@@ -10,18 +10,19 @@ import torch
 if TYPE_CHECKING:
     from minisgl.core import SamplingParams
 
-    from .prefill import ChunkedReq
+    from .prefill import ChunkedReq  # +ch10
 
 
 @dataclass
 class PendingReq:
-    """A request in the prefill queue: its prompt ``input_ids`` ``[N]`` (CPU) and, once part
-    of a long prompt has been prefilled, the ``ChunkedReq`` that holds its progress."""
+    """A request in the prefill queue: its prompt ``input_ids`` ``[N]`` (CPU)."""
 
     uid: int
     input_ids: torch.Tensor
     sampling_params: SamplingParams
+    # >>> ch10: once part of a long prompt has been prefilled, the chunk that holds its progress
     chunked_req: ChunkedReq | None = None
+    # <<< ch10
 
     @property
     def input_len(self) -> int:

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.env import ENV
+from minisgl.kernel import speedups
 
 from .. import HALF, Impl, register
 from .checks import check_gemv_args
@@ -267,9 +267,9 @@ GEMV_MAX_M = 2
 
 
 def gemv_fits(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> bool:
-    """Whether ``linear(x, weight, bias)`` runs on the GEMV (``MINISGL_DISABLE_GEMV`` says no)."""
+    """Whether ``linear(x, weight, bias)`` runs on the GEMV (unless the speed-up ``gemv`` is off)."""
     return (
-        not ENV.DISABLE_GEMV
+        speedups.current().gemv
         and x.dim() == 2
         and weight.dim() == 2
         and 0 < x.shape[0] <= GEMV_MAX_M

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.env import ENV
+from minisgl.kernel import speedups
 
 from .. import Impl, register
 from .checks import check_gemv_args
@@ -170,8 +170,8 @@ def norm_lm_head(
 
 # ---- the kernel table's entry ---------------------------------------------------------------
 def lm_head_fits(x: torch.Tensor, *_: Any) -> bool:
-    """A row of ``K`` in one tile, unless ``MINISGL_DISABLE_LM_HEAD_KERNEL`` says no."""
-    return not ENV.DISABLE_LM_HEAD_KERNEL and x.shape[1] <= MAX_K
+    """A row of ``K`` in one tile, unless the speed-up ``lm_head_kernel`` is off."""
+    return speedups.current().lm_head_kernel and x.shape[1] <= MAX_K
 
 
 register("norm_lm_head", Impl("triton", norm_lm_head, lm_head_fits))

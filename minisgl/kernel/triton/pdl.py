@@ -16,10 +16,10 @@ a kernel launched as a PDL *secondary* may start while its *primary* is still ru
   kernels stream in while one kernel finishes. The wait keeps it correct: nothing a
   kernel reads before ``gdc_wait`` may be written by the kernels before it in the step.
 
-Both are no-ops unless the launch asked for PDL, and CUDA graphs keep the relation. Chapter
-19's batch-1 kernels (``fused``, ``decode``) take ``PDL: tl.constexpr`` from ``use_pdl`` and
-the launch option from ``launch_options``; ``MINISGL_DISABLE_PDL=1`` (``ENV.DISABLE_PDL``)
-launches them plainly, to measure what PDL saves. Upstream mini-sglang does not use PDL;
+Both are no-ops unless the launch asked for PDL, and CUDA graphs keep the relation. The
+kernels of a decode step (``fused``, ``decode``) take ``PDL: tl.constexpr`` from ``use_pdl``
+and the launch option from ``launch_options``; ``MINISGL_DISABLE_PDL=1`` (the speed-up
+``pdl``) launches them plainly, to measure what PDL saves. Upstream mini-sglang does not use PDL;
 SGLang's own kernels do.
 """
 
@@ -29,6 +29,8 @@ import functools
 
 import torch
 
+from minisgl.kernel import speedups
+
 
 @functools.lru_cache(maxsize=None)
 def _supported(device: torch.device) -> bool:
@@ -37,10 +39,8 @@ def _supported(device: torch.device) -> bool:
 
 def use_pdl(x: torch.Tensor) -> bool:
     """Whether kernels on ``x``'s device launch with PDL: CUDA on Hopper or newer
-    (``griddepcontrol`` is sm_90 PTX), unless ``MINISGL_DISABLE_PDL`` is set."""
-    from minisgl.env import ENV
-
-    return x.is_cuda and not ENV.DISABLE_PDL and _supported(x.device)
+    (``griddepcontrol`` is sm_90 PTX), unless the speed-up ``pdl`` is off."""
+    return x.is_cuda and speedups.current().pdl and _supported(x.device)
 
 
 def launch_options(pdl: bool) -> dict:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.env import ENV
+from minisgl.kernel import speedups
 
 from .. import HALF, Impl, register
 
@@ -119,10 +119,10 @@ def gumbel_sample(
 
 # ---- the kernel table's entry ---------------------------------------------------------------
 def gumbel_fits(logits: torch.Tensor, temperatures, top_k, top_p, *_: Any) -> bool:
-    """A draw with no top-k or top-p filter, from half-precision logits, unless
-    ``MINISGL_DISABLE_SAMPLE_KERNEL`` says no."""
+    """A draw with no top-k or top-p filter, from half-precision logits, unless the speed-up
+    ``sample_kernel`` is off."""
     return (
-        not ENV.DISABLE_SAMPLE_KERNEL
+        speedups.current().sample_kernel
         and logits.dtype in HALF
         and logits.dim() == 2
         and logits.stride(-1) == 1

@@ -54,7 +54,7 @@ def test_ties_go_to_the_latest_arrival():
 
 
 def run(num_pages: int, prompts: List[List[int]], max_tokens: int, overlap: bool):
-    s = FakeEngineScheduler(num_pages=num_pages, page_size=4, max_seq_len=64)
+    s = FakeEngineScheduler(num_pages=num_pages, page_size=4, max_seq_len=64, cache_type="radix")
     s.retract_manager = RetractManager()
     retracted: List[RetractedReq] = []
     real = s.retract_manager.retract_decode
