@@ -57,7 +57,7 @@ for row, text in enumerate(prompts):
 
 
 def step(phase: str, input_ids: torch.Tensor) -> torch.Tensor:
-    """What the scheduler will do for us in chapter 7: slots, positions, metadata."""
+    """What a scheduler will do for us: slots, positions, metadata."""
     global next_slot
     batch = Batch(reqs, phase)
     for r in reqs:  # hand out one KV slot per new token, in order

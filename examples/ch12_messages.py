@@ -3,8 +3,8 @@
 Every kind of message is packed with msgpack (a prompt's token ids travel as raw bytes
 with their dtype), unpacked, and compared with the original. Then the same bytes cross a
 real process boundary: a child process pushes messages over ``ipc://`` and this one pulls
-them, in order; and a publisher reaches every subscriber (how scheduler rank 0 will
-re-broadcast to the other ranks in chapter 14).
+them, in order; and a publisher reaches every subscriber (how one scheduler rank can
+re-broadcast what it receives to the others).
 
     python examples/ch12_messages.py
 """

@@ -41,7 +41,7 @@ engine = Engine(
         max_running_req=4,
         num_page_override=256,
         max_seq_len_override=128,
-        cuda_graph_max_bs=0,
+        cuda_graph_max_bs=0,  # +ch18
         attention_backend="fi" if with_flashinfer else "torch",
     )
 )

@@ -6,8 +6,7 @@
    fused path (``models/fused_decode.py``; on a CPU through its torch references) against
    the unfused path: the same logits, and the kernel ops a decode step launches.
 4. On a GPU: the Triton store and gather against torch, bit for bit and timed. (The batch-1
-   decode step after each of the chapter's speed-ups is ``python -m minisgl.benchmark.batch1``,
-   chapter 22's benchmark.)
+   decode step after each of the chapter's speed-ups is ``python -m minisgl.benchmark.batch1``.)
 
     python examples/ch19_kernels.py [--model PATH] [--device cpu|cuda]
 """
@@ -78,13 +77,6 @@ if not isinstance(engine.model, fused_decode.FusedDecodeLM):  # no Triton here: 
     fused_decode.takes = lambda model, batch: batch.is_decode and batch.padded_size == 1
 models = {False: engine.model.unfused, True: engine.model}
 prompt = load_tokenizer(args.model).encode("The capital of France is")
-ops: Counter = Counter()
-real_run = kernel._run
-
-
-def counted(op, *a, **kw):  # every kernel op a forward pass calls, by name
-    ops[op] += 1
-    return real_run(op, *a, **kw)
 
 
 def run(fused: bool, forced=None):
@@ -107,12 +99,10 @@ def ops_of_one_decode_step(fused_on: bool) -> Counter:
     """The kernel ops of a prefill and one decode step, less those of the prefill alone."""
     counts = []
     for steps in (1, 2):
-        ops.clear()
-        kernel._run = counted
         engine.model = models[fused_on]
-        manual.greedy(engine, manual.place(engine, [prompt], 2), steps, use_graph=False)
-        kernel._run = real_run
-        counts.append(Counter(ops))
+        with kernel.counting() as ops:
+            manual.greedy(engine, manual.place(engine, [prompt], 2), steps, use_graph=False)
+        counts.append(ops)
     return counts[1] - counts[0]
 
 

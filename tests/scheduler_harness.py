@@ -250,8 +250,8 @@ def check_resources(s: Scheduler) -> None:
     assert bool((cm.free_slots % P == 0).all()), "a free slot is not the start of a page"
     free = (cm.free_slots // P).tolist()
     cached: List[int] = []
-    refs: Counter = Counter()
     # >>> ch09
+    refs: Counter = Counter()
     radix = isinstance(cm.prefix_cache, RadixPrefixCache)
     if radix:
         for node in cm.prefix_cache._nodes():

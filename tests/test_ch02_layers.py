@@ -160,3 +160,24 @@ def test_integer_helpers_and_registry():
     assert reg["a"] == 1
     with pytest.raises(ValueError, match="unknown thing 'b'; supported: a"):
         reg["b"]
+
+
+def test_the_table_runs_the_first_library_that_runs_there_and_takes_the_call(monkeypatch):
+    """A library registered before torch, running everywhere, taking one-row calls only: it
+    runs those, torch the rest; an op it has no kernel for stays on torch."""
+    from minisgl import kernel
+
+    monkeypatch.setitem(kernel.LIBRARIES, "fast", kernel.Library("fast", 0, lambda where: True))
+    fast = kernel.Impl("fast", lambda x, w, eps: x * 0, lambda x, *_: x.shape[0] == 1)
+    monkeypatch.setitem(kernel.OPS, "rms_norm", [fast, *kernel.OPS["rms_norm"]])
+    w = torch.ones(8)
+    assert kernel.library_for("rms_norm", torch.randn(1, 8), w, 1e-6) == "fast"
+    assert kernel.library_for("rms_norm", torch.randn(2, 8), w, 1e-6) == "torch"
+    assert bool((kernel.rms_norm(torch.randn(1, 8), w, 1e-6) == 0).all())
+    assert kernel.has_kernel("rms_norm", "fast", None) and not kernel.has_kernel(
+        "linear", "fast", None
+    )
+    with kernel.counting() as calls:
+        kernel.rms_norm(torch.randn(2, 8), w, 1e-6)
+        kernel.linear(torch.randn(2, 8), torch.randn(3, 8))
+    assert calls == {"rms_norm": 1, "linear": 1}

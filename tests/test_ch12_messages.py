@@ -80,7 +80,7 @@ EXAMPLES = [
     UserReply(uid=2, incremental_output="", finished=True, error="boom"),
     StatsReply(uid=3, stats={"kv_pages_free": 10}),
     BatchFrontendMsg(data=[UserReply(1, "a", False), StatsReply(2, {})]),
-    # logprobs (chapter 15's appendix): a token's, its alternatives', and a reply carrying them
+    # logprobs: a token's, its alternatives', and a reply carrying them
     DetokenizeMsg(3, 42, False, logprobs=SampledLogprobs(-0.25, [42, 7], [-0.25, -2.5])),
     SampledLogprobs(logprob=-1.0),
     TopLogprob(token="é", bytes=[0xC3, 0xA9], logprob=-1.5),

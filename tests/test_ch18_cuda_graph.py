@@ -134,8 +134,8 @@ def _gpu_model():
 
 
 def _llm(path, **kw):
-    """FlashInfer attention unless ``kw`` says otherwise (``auto`` would send batches of up
-    to four requests to chapter 19's split-KV kernel)."""
+    """FlashInfer attention unless ``kw`` says otherwise (``auto`` would send small batches
+    to a faster backend where one registers)."""
     from minisgl.llm import LLM
 
     return LLM(
@@ -216,3 +216,16 @@ def test_graphs_stay_off_with_the_torch_backend_or_max_bs_zero():
         )
         assert engine.graph_runner.graphs == {}, kw
         engine.shutdown()
+
+
+def test_the_dummy_request_reads_only_the_dummy_page():
+    """FlashInfer's index of a batch of the dummy request alone: the dummy page, one slot."""
+    from minisgl.attention.fi import paged_kv_index
+    from minisgl.core import Req
+
+    num_pages, page = 10, 4
+    table = torch.zeros(3, 32, dtype=torch.int32)
+    table[2].fill_(num_pages * page)  # what Engine writes into the dummy row
+    dummy = Req(torch.zeros(1, dtype=torch.int32), 2, 0, 4, -1, SamplingParams())
+    index = paged_kv_index(table, [dummy], page)
+    assert index.kv_page_ids.tolist() == [num_pages] and index.kv_last_page_len.tolist() == [1]

@@ -23,7 +23,8 @@ from minisgl.benchmark import manual
 from minisgl.kernel import torch_fused, torch_ops
 from minisgl.kernel.speedups import FUSED_DECODE_MAX_BS
 from minisgl.models import fused_decode
-from tests.helpers import MODELS, SMOLLM2, hf_encode, interpret
+from tests.helpers import MODELS, SMOLLM2, hf_encode
+from tests.helpers.interpreter import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(
@@ -85,17 +86,6 @@ def test_the_engine_keeps_the_unfused_model_where_the_fused_kernels_do_not_run(q
     assert not kernel.has_kernel("norm_linear", "triton", torch.device("cpu"))
     assert not isinstance(engine.model, fused_decode.FusedDecodeLM)
     engine.shutdown()
-
-
-def test_an_op_without_a_triton_kernel_falls_back_where_triton_runs(monkeypatch):
-    """Where Triton runs, an op it has no kernel for still runs, on its torch reference."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton serves the CPU
-    x, w = torch.randn(1, 8), torch.randn(4, 8)
-    assert kernel.library_for("norm_linear", x, torch.ones(8), 1e-6, w) == "triton"
-    torch_only = [impl for impl in kernel.OPS["norm_linear"] if impl.library == "torch"]
-    monkeypatch.setitem(kernel.OPS, "norm_linear", torch_only)
-    assert kernel.library_for("norm_linear", x, torch.ones(8), 1e-6, w) == "torch"
-    assert not kernel.has_kernel("norm_linear", "triton", x)
 
 
 @pytest.mark.parametrize("model", ["qwen3_path", "qwen2_path"])  # QK-norm; qkv bias

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from minisgl import kernel
 from minisgl.kernel import torch_ops
-from tests.helpers import interpret
+from tests.helpers.interpreter import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 

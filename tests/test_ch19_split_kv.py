@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from minisgl.kernel import torch_ops
-from tests.helpers import interpret
+from tests.helpers.interpreter import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minisgl.kernel import speedups
-from tests.helpers import interpret
+from tests.helpers.interpreter import interpret
 from tests.test_ch19_split_kv import needs_triton, paged_decode_case
 
 BATCH_SCRIPT = """

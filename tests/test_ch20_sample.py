@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from minisgl import kernel
-from tests.helpers import interpret
+from tests.helpers.interpreter import interpret
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 PROBS = [0.5, 0.25, 0.125, 0.0625, 0.0625]

@@ -27,7 +27,8 @@ from minisgl.moe import create_moe_backend, resolve_moe_backend
 from minisgl.moe.routing import fused_topk, moe_align_block_size
 from minisgl.moe.torch_backend import TorchMoe
 from minisgl.utils import cached_load_hf_config, torch_dtype
-from tests.helpers import DEVICE, MODELS, ensure_model, hf_greedy, interpret
+from tests.helpers import DEVICE, MODELS, ensure_model, hf_greedy
+from tests.helpers.interpreter import interpret
 
 QWEN3_MOE = MODELS / "tiny-qwen3-moe"
 PROMPTS = [

@@ -105,7 +105,8 @@ def test_admission_reserves_the_estimate_of_the_output(ratio, admitted):
     prefill = PrefillManager(cache, TableManager(4, page_table), DecodeManager(4))
     for uid in range(2):
         prefill.add_one_req(user(uid, range(1, 9), 32))
-    batch = prefill.schedule_next_batch(1000, new_token_ratio=ratio)
+    prefill.new_token_ratio = ratio
+    batch = prefill.schedule_next_batch(1000)
     assert [r.uid for r in batch.reqs] == list(range(admitted))
     assert all(r.max_device_len == 8 + 32 for r in batch.reqs)  # the budget itself is kept
 

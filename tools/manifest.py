@@ -119,7 +119,7 @@ def parse_manifest(toml_path: Path) -> Manifest:
     for path, spec in (data.get("early") or {}).items():
         if not isinstance(spec, dict) or not isinstance(spec.get("chapter"), int):
             raise ValueError(
-                f"{toml_path}: early file {path!r} needs a table: chapter = N, why = \"...\""
+                f'{toml_path}: early file {path!r} needs a table: chapter = N, why = "..."'
             )
         early[path], early_why[path] = spec["chapter"], str(spec.get("why", ""))
     if "modified" in data:

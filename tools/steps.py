@@ -40,6 +40,7 @@ if not __package__:  # run as `python tools/steps.py` (DESIGN.md's form): the re
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from tools import captured, versions
+from tools.closure import closure
 from tools.jobs import in_order
 from tools.manifest import (
     ENGINE,
@@ -52,6 +53,7 @@ from tools.manifest import (
     render_tree,
     static_problems,
 )
+from tools.version_checks import Book
 
 __all__ = [
     "Manifest",
@@ -384,10 +386,36 @@ def _run_commands(
     outcome.log = "\n".join(logs)
 
 
+def earlier_tests(n: int, manifests: list[Manifest], root: Path) -> tuple[list[str], list[str]]:
+    """The test files of the chapters before ``n``, and those of them to run again in chapter
+    ``n``'s tree: the ones whose import closure (``tools/closure.py``) reads other text in
+    chapter ``n``'s version than in the chapter before's, where they already ran."""
+    numbers = [m.number for m in manifests]
+    if n not in numbers or numbers.index(n) == 0:
+        return [], []
+    prev = numbers[numbers.index(n) - 1]
+    book = Book(manifests, root, VERSIONED_INFRASTRUCTURE)
+    texts = {
+        k: {p: book.version(p, k) for p in book.tree(k) if p.endswith(".py")} for k in (n, prev)
+    }
+    tests = [t for m in manifests if m.number < n for t in m.tests if t in texts[n]]
+    rerun = []
+    for test in tests:
+        now, before = closure(test, texts[n]), closure(test, texts[prev])
+        if now != before or any(texts[n][f] != texts[prev][f] for f in now):
+            rerun.append(test)
+    return tests, rerun
+
+
 def check_chapter(
-    n: int, manifests: list[Manifest], root: Path | None = None, timeout: float = 1800
+    n: int,
+    manifests: list[Manifest],
+    root: Path | None = None,
+    timeout: float = 1800,
+    earlier: bool = True,
 ) -> Outcome:
-    """Build ``build/steps/NN`` and run chapter n's mains and tests in it."""
+    """Build ``build/steps/NN`` and run chapter n's mains and tests in it, and (``earlier``)
+    the earlier chapters' tests that reach something chapter n changed."""
     root = root or ROOT
     start = time.monotonic()
     m = get_manifest(n, manifests)
@@ -415,9 +443,16 @@ def check_chapter(
         if modules:
             commands.insert(0, ("imports", [sys.executable, "-c", IMPORT_ALL, *modules]))
         tests = [p for p in m.tests if p not in missing]
+        pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         if tests:
-            commands.append(
-                ("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests])
+            commands.append(("tests", [*pytest, *tests]))
+        if earlier:
+            before, rerun = earlier_tests(n, manifests, root)
+            if rerun:
+                commands.append(("earlier tests", [*pytest, *rerun]))
+            outcome.problems.append(
+                f"note: {len(rerun)} of {len(before)} earlier chapters' test files run again; "
+                "the rest reach nothing this chapter changed"
             )
         _run_commands(
             outcome, commands, dest, n, manifests, root, timeout, {p.name for p in dest.iterdir()}
@@ -492,7 +527,8 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         return 2
 
     jobs: list[tuple[str, object]] = [
-        (m.name, lambda m=m: check_chapter(m.number, manifests, root, args.timeout)) for m in chosen
+        (m.name, lambda m=m: check_chapter(m.number, manifests, root, args.timeout, args.earlier))
+        for m in chosen
     ]
     if not args.no_final:
         finals = dict.fromkeys((p, m.number) for m in chosen for p in m.final_mains)
@@ -550,6 +586,12 @@ def main(argv: list[str] | None = None) -> int:
         help="do not fail on minisgl files that no chapter introduces yet",
     )
     check.add_argument("--no-final", action="store_true", help="skip the final_mains")
+    check.add_argument(
+        "--no-earlier",
+        dest="earlier",
+        action="store_false",
+        help="run only each chapter's own tests, not the earlier chapters' again",
+    )
     args = parser.parse_args(argv)
 
     root = args.root.resolve()

@@ -20,8 +20,7 @@ at positions ``cached_len ..``) sees the whole prefix. Decode batches use
 ``BatchDecodeWithPagedKVCacheWrapper``, on tensor cores when 4 or more query heads share
 a KV head (the group is then big enough to fill an MMA tile), and for a group of 2
 (Qwen3-0.6B) at the batch sizes where that measured faster; the eager path keeps one decode
-wrapper per kernel. CUDA graphs (chapter 18) get one decode wrapper per captured batch size,
-planned into fixed buffers.
+wrapper per kernel.
 
 Mirrors upstream ``minisgl.attention.fi.FlashInferBackend`` (which supports page size 1
 only; this one takes any ``P``).
@@ -31,7 +30,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,  # +ch18
+    List,
+    Sequence,
+)
 
 import torch
 
@@ -166,7 +171,7 @@ class FlashInferBackend(BaseAttnBackend):
         # next plan must not overwrite that buffer before the copy has run
         self._plan_done = torch.cuda.Event()
         self._plan_done.record()
-        self.graph_wrappers: Dict[int, Any] = {}
+        self.graph_wrappers: Dict[int, Any] = {}  # +ch18
 
     # ---- every batch ---------------------------------------------------------------------
     def prepare_metadata(self, batch: Batch) -> None:
@@ -237,7 +242,7 @@ class FlashInferBackend(BaseAttnBackend):
         self._plan_done.record()
         meta.planned = True
 
-    # ---- CUDA graphs (chapter 18) --------------------------------------------------------
+    # >>> ch18: one decode wrapper per captured batch size, planned into fixed buffers
     @property
     def supports_cuda_graph(self) -> bool:
         return True
@@ -271,6 +276,8 @@ class FlashInferBackend(BaseAttnBackend):
         meta: FIMetadata = batch.attn_metadata  # type: ignore[assignment]
         meta.wrapper = self.graph_wrappers[batch.padded_size]
         self._plan(meta)  # copies this batch's index into the graph's fixed buffers
+
+    # <<< ch18
 
 
 def serves(device: torch.device, dtype: torch.dtype) -> bool:

@@ -1,14 +1,14 @@
 """Drive an ``Engine`` by hand, without a scheduler: for benchmarks and backend tests.
 
-Chapter 6 played the scheduler's part inline; the GPU chapters need the same moves over
-and over (compare two attention backends on one batch, time a decode step at batch 256,
-replay a graph), so here they are once:
+The engine's own chapter played the scheduler's part inline; the GPU chapters need the same
+moves over and over (compare two attention backends on one batch, time a decode step at
+batch 256), so here they are once:
 
 * ``place`` gives request ``i`` row ``i`` of the page table and consecutive, page-aligned
   pages for every position it will ever use (prompt plus new tokens);
-* ``build_batch`` fills a batch the way ``Scheduler._prepare_batch`` does (padding for
-  CUDA graphs included) and prepares its attention metadata;
-* ``forward`` runs it, through a CUDA graph when one fits, and advances each request.
+* ``build_batch`` fills a batch the way ``Scheduler._prepare_batch`` does and prepares its
+  attention metadata;
+* ``forward`` runs it and advances each request.
 
 Nothing here frees pages: each call to ``place`` starts again at page 0, so it suits one
 experiment at a time. Not in upstream (its tests build batches the same way inline).
@@ -69,11 +69,11 @@ def place(engine: Engine, prompts: Sequence[Sequence[int]], max_new_tokens: int)
 
 
 def build_batch(engine: Engine, reqs: Sequence[Req], phase: str) -> Batch:
-    """The batch of ``reqs``' next input tokens (``input_ids[cached_len:device_len]``), padded
-    for CUDA graphs when it is a decode batch, with positions, ``out_loc`` and attention
-    metadata, as ``Scheduler._prepare_batch`` would make it."""
+    """The batch of ``reqs``' next input tokens (``input_ids[cached_len:device_len]``), with
+    positions, ``out_loc`` and attention metadata, as ``Scheduler._prepare_batch`` would
+    make it."""
     batch = Batch(list(reqs), phase)  # type: ignore[arg-type]
-    engine.graph_runner.pad_batch(batch)
+    engine.graph_runner.pad_batch(batch)  # a decode batch, to a captured graph's size  # +ch18
     device = engine.device
     ids = torch.cat([r.input_ids[r.cached_len : r.device_len] for r in batch.padded_reqs])
     positions = torch.cat(
@@ -89,16 +89,22 @@ def build_batch(engine: Engine, reqs: Sequence[Req], phase: str) -> Batch:
     return batch
 
 
-def forward(engine: Engine, batch: Batch, use_graph: bool = True) -> torch.Tensor:
-    """Logits ``[B, V]`` of ``batch`` (a copy, float32); every request advances one step.
-
-    ``use_graph=False`` runs the model eagerly even when a captured graph would fit.
-    """
+def forward(
+    engine: Engine,
+    batch: Batch,
+    use_graph: bool = True,  # +ch18
+) -> torch.Tensor:
+    """Logits ``[B, V]`` of ``batch`` (a copy, float32); every request advances one step."""
     with torch.inference_mode(), engine.ctx.forward_batch(batch):
+        # >>> ch18: through a CUDA graph when one fits (use_graph=False: eagerly even then)
         if use_graph and engine.graph_runner.can_use_cuda_graph(batch):
             logits = engine.graph_runner.replay(batch)
         else:
             logits = engine.model.forward()
+        # <<< ch18
+        # >>> ch17-ch17
+        # logits = engine.model.forward()
+        # <<< ch17-ch17
         logits = logits[: batch.size].float().clone()
     for req in batch.reqs:
         req.complete_one()
@@ -109,7 +115,7 @@ def greedy(
     engine: Engine,
     reqs: Sequence[Req],
     steps: int,
-    use_graph: bool = True,
+    use_graph: bool = True,  # +ch18
     forced: Sequence[Sequence[int]] | None = None,
 ) -> Tuple[List[List[int]], List[torch.Tensor]]:
     """Prefill ``reqs`` together, then decode them together for ``steps - 1`` more steps,
@@ -122,7 +128,11 @@ def greedy(
     all_logits: List[torch.Tensor] = []
     phase = "prefill"
     for step in range(steps):
-        logits = forward(engine, build_batch(engine, reqs, phase), use_graph)
+        batch = build_batch(engine, reqs, phase)
+        # >>> ch17-ch17
+        # logits = forward(engine, batch)
+        # <<< ch17-ch17
+        logits = forward(engine, batch, use_graph)  # +ch18
         all_logits.append(logits)
         chosen = logits.argmax(dim=-1).tolist() if forced is None else [f[step] for f in forced]
         for req, out, token in zip(reqs, tokens, chosen):

@@ -111,7 +111,7 @@ def run_minisgl(
         attention_backend=args.attention_backend,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         cache_type=cache_type,
-        enable_retraction=args.enable_retraction,
+        enable_retraction=args.enable_retraction,  # +ch23
         tp=args.tp,
     )
     t1 = time.perf_counter()
@@ -136,7 +136,7 @@ def run_minisgl(
             else ", no graphs"
         )
         variant += f", tp={args.tp}" if args.tp > 1 else ""
-        variant += ", retraction" if args.enable_retraction else ""
+        variant += ", retraction" if args.enable_retraction else ""  # +ch23
         with tqdm(total=workload.output_tokens, desc=f"mini-sglang ({variant})", unit="tok") as bar:
             llm.progress = bar
             synchronize(device)
@@ -323,11 +323,11 @@ def parse_args(argv: List[str] | None = None) -> argparse.Namespace:
         "--cuda-graph-max-bs", type=int, default=None, help="0 disables CUDA graphs (default 256)"
     )
     p.add_argument("--cache", default="radix", choices=["radix", "naive"])
+    # >>> ch23
     p.add_argument(
-        "--enable-retraction",
-        action="store_true",
-        help="optimistic admission with retraction (chapter 23)",
+        "--enable-retraction", action="store_true", help="optimistic admission with retraction"
     )
+    # <<< ch23
     p.add_argument(
         "--tp",
         dest="tp_sizes",

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import (
     dataclass,
-    field,  # +ch16
+    field,  # +ch14
 )
 from functools import cached_property
 from typing import Tuple  # +ch18
 
 import torch
 
-from minisgl.distributed import DistributedInfo  # +ch16
+from minisgl.distributed import DistributedInfo  # +ch14
 from minisgl.models import ModelConfig
 from minisgl.utils import cached_load_hf_config
 
@@ -28,10 +28,10 @@ class EngineConfig:
     ``DEFAULT_CPU_KV_MEMORY``."""
 
     model_path: str
-    # >>> ch16: this process's rank out of how many; with more than one, every rank gets the
+    # >>> ch14: this process's rank out of how many; with more than one, every rank gets the
     # same config but its own tp_info
     tp_info: DistributedInfo = field(default_factory=lambda: DistributedInfo(0, 1))
-    # <<< ch16
+    # <<< ch14
     dtype: torch.dtype = torch.bfloat16
     device: str | None = None  # None: MINISGL_DEVICE, else CUDA when available, else CPU
     max_running_req: int = 256

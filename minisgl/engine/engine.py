@@ -98,7 +98,7 @@ class Engine:
     def _init_device_and_ranks(self) -> None:
         """The device, the engine's stream and the global context every layer reads (and,
         with several ranks, this rank's place among them)."""
-        config, mc = self.config, self.config.model_config
+        config = self.config
         self.device = check_device(config.device) if config.device else default_device()
         # >>> ch16: rank r uses GPU r; with several ranks, this blocks until all have joined
         if is_cuda(self.device) and self.device.index is None:
@@ -107,6 +107,7 @@ class Engine:
         if is_cuda(self.device):
             torch.cuda.set_device(self.device)
         # >>> ch16
+        mc = config.model_config
         set_tp_info(config.tp_info.rank, config.tp_info.size)
         check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, config.tp_info.size)
         self.tp_cpu_group = init_distributed(

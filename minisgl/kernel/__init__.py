@@ -14,7 +14,8 @@ package are imported the first time the table is read, each registering what it 
 library's own kernel modules are imported only where it runs (``Library.load``). The
 choice costs a few attribute reads per call. ``library_for(op, ...)`` says which library a
 call would use, ``run(op, ...)`` makes the call: an op declared in another module (a
-sampler's, say) is a function that calls ``run``.
+sampler's, say) is a function that calls ``run``. Inside ``with counting() as calls:``,
+``calls`` counts every op run, by name: what a forward pass launches.
 
 Mirrors upstream ``minisgl.kernel`` (which has no choice to make: upstream is CUDA only and
 calls its kernel libraries from its layers).
@@ -25,8 +26,10 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -62,6 +65,7 @@ class Impl:
 
 LIBRARIES: Dict[str, Library] = {"torch": Library("torch", 100, lambda where: True)}
 OPS: Dict[str, List[Impl]] = {}
+_calls: List[Counter] = []  # the counters of the counting() blocks open now
 
 
 def register_library(library: Library) -> None:
@@ -151,7 +155,20 @@ def library_for(op: str, *args: Any, **kwargs: Any) -> str:
 
 def run(op: str, *args: Any, **kwargs: Any) -> Any:
     """Call ``op`` on the implementation the rule picks for these arguments."""
+    for calls in _calls:
+        calls[op] += 1
     return implementation(op, *args, **kwargs).function(*args, **kwargs)
+
+
+@contextmanager
+def counting() -> Iterator[Counter]:
+    """Count every op run inside the ``with`` block, by name."""
+    calls: Counter = Counter()
+    _calls.append(calls)
+    try:
+        yield calls
+    finally:
+        _calls.remove(calls)
 
 
 # ---- the model's ops: shapes and meaning; each implementation's docstring says the rest -----
@@ -217,6 +234,7 @@ __all__ = [
     "Library",
     "Where",
     "apply_rotary",
+    "counting",
     "embedding_gather",
     "fused_add_rms_norm",
     "has_kernel",

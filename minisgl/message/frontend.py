@@ -56,8 +56,8 @@ class UserReply(BaseFrontendMsg):
     id) or ``"length"`` (``max_tokens`` or the context ran out). Token counts are in
     tokens; the output count includes a final end-of-sequence token. ``error`` is set when
     the request was refused.
-    ``logprobs`` holds one entry per token whose text this reply completes (chapter 15's
-    appendix on logprobs), for a request that asked.
+    ``logprobs`` holds one entry per token whose text this reply completes, for a request
+    that asked.
     """
 
     uid: int
@@ -73,7 +73,7 @@ class UserReply(BaseFrontendMsg):
 @dataclass
 class StatsReply(BaseFrontendMsg):
     """The scheduler's counters, in answer to ``StatsQueryMsg`` ``uid`` (pages, rows and
-    requests; see ``SchedulerIOMixin.collect_stats``)."""
+    requests)."""
 
     uid: int
     stats: Dict[str, int] = field(default_factory=dict)

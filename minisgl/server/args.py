@@ -11,11 +11,14 @@ from typing import List, Tuple
 
 import torch
 
-from minisgl.distributed import DistributedInfo
-from minisgl.layers.shard import check_tp_size
-from minisgl.models import ModelConfig
+from minisgl.distributed import DistributedInfo  # +ch16
+from minisgl.layers.shard import check_tp_size  # +ch16
+from minisgl.models import ModelConfig  # +ch16
 from minisgl.scheduler import SchedulerConfig
-from minisgl.utils import cached_load_hf_config, check_model_path
+from minisgl.utils import (
+    cached_load_hf_config,  # +ch16
+    check_model_path,
+)
 from minisgl.utils.device import check_device, default_device
 
 
@@ -77,11 +80,10 @@ def preflight(args: ServerArgs) -> str | None:
 
 
 def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
-    """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--tp N] [--shell] ...``.
+    """``python -m minisgl --model PATH [--port N] [--host H] [--device cpu|cuda] [--shell] ...``.
 
     ``--dtype auto`` is bfloat16 on CUDA and float32 on the CPU (where bfloat16 matmuls
-    are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input,
-    including a ``--tp`` the model's heads cannot be split over.
+    are slow and the book's tests compare float32 outputs). Exits (argparse) on bad input.
     """
     p = argparse.ArgumentParser(
         prog="python -m minisgl", description="mini-sglang: an OpenAI-compatible server"
@@ -124,18 +126,20 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     p.add_argument("--page-size", type=int, default=ServerArgs.page_size)
     p.add_argument("--memory-ratio", type=float, default=ServerArgs.memory_ratio)
     p.add_argument("--attention-backend", "--attn", default=ServerArgs.attention_backend)
+    # >>> ch21
     p.add_argument(
-        "--moe-backend",
-        default=ServerArgs.moe_backend,
-        help="MoE models: torch, fused or auto (chapter 21)",
+        "--moe-backend", default=ServerArgs.moe_backend, help="MoE models: torch, fused or auto"
     )
+    # <<< ch21
     p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
+    # >>> ch18
     p.add_argument(
         "--cuda-graph-max-bs",
         type=int,
         default=None,
-        help="capture decode graphs up to this batch size; 0 disables CUDA graphs (chapter 18; default 256)",
+        help="capture decode graphs up to this batch size; 0 disables CUDA graphs (default 256)",
     )
+    # <<< ch18
     p.add_argument(
         "--shell", action="store_true", help="chat in this terminal instead of serving HTTP"
     )
@@ -172,12 +176,15 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         default=ServerArgs.max_queued_requests,
         help="requests waiting beyond --max-running-requests before new ones get 429",
     )
+    # >>> ch23
     p.add_argument(
         "--enable-retraction",
         action="store_true",
         help="admit on an estimate of each request's output and retract running requests "
-        "when KV pages run out, so long answers cannot starve short ones (chapter 23)",
+        "when KV pages run out, so long answers cannot starve short ones",
     )
+    # <<< ch23
+    # >>> ch16
     p.add_argument(
         "--tp",
         "--tp-size",
@@ -185,27 +192,30 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         dest="tp_size",
         type=int,
         default=1,
-        help="tensor-parallel ranks: one scheduler process (and GPU) each (chapter 16)",
+        help="tensor-parallel ranks: one scheduler process (and GPU) each",
     )
+    # <<< ch16
     ns = vars(p.parse_args(argv))
     name = ns.pop("device")
     try:
         device = str(check_device(name, "--device") if name else default_device())
     except ValueError as e:
         p.error(str(e))
-    tp_size = ns.pop("tp_size")
+    # >>> ch18
     if ns["cuda_graph_max_bs"] is not None and ns["cuda_graph_max_bs"] < 0:
         p.error(
             f"--cuda-graph-max-bs must be >= 0 (0 disables CUDA graphs), got {ns['cuda_graph_max_bs']}"
         )
-    if (
-        tp_size != 1
-    ):  # refuse a rank count the heads cannot be split over, before any process starts
+    # <<< ch18
+    # >>> ch16: refuse a rank count the heads cannot be split over, before any process starts
+    tp_size = ns.pop("tp_size")
+    if tp_size != 1:
         try:
             mc = ModelConfig.from_hf(cached_load_hf_config(ns["model_path"]))
             check_tp_size(mc.num_qo_heads, mc.num_kv_heads, mc.intermediate_size, tp_size)
         except (OSError, ValueError) as e:
             p.error(str(e))
+    # <<< ch16
     for key in ("allowed_origins", "allowed_hosts"):
         ns[key] = tuple(x.strip() for x in ns[key].split(",") if x.strip())
     if ns["max_body_bytes"] < 1 or ns["max_queued_requests"] < 0:
@@ -215,12 +225,13 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         dtype = "float32" if device == "cpu" else "bfloat16"
     if ns["shell"]:
         ns["max_running_req"] = min(ns["max_running_req"], 4)  # one user: keep the pool small
-    # the ranks meet at a file in the launch's private directory: no port to pick or collide on
     return ServerArgs(
         **ns,
         device=device,
         dtype=_DTYPES[dtype],
         ipc_dir=ipc_dir,
+        # >>> ch16: the ranks meet at a file in the launch's private directory: no port to pick
         tp_info=DistributedInfo(0, tp_size),
         distributed_addr=f"file://{ipc_dir}/distributed",
+        # <<< ch16
     )

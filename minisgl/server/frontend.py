@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 logger = init_logger("minisgl.server.frontend")
 STATS_TIMEOUT_S = 10.0
-PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died
+PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died  # +ch16
 
 
 class FrontendManager:
@@ -118,9 +118,9 @@ class FrontendManager:
         for fut in self.stats_waiters.values():
             if not fut.done():
                 fut.set_exception(APIError(503, reason, kind="server_error"))
-        # Tensor parallelism (chapter 16): the other ranks cannot run a step without this one,
-        # and may be blocked in a collective waiting for it. SIGTERM (a clean exit) first;
-        # SIGKILL for one stuck inside a collective, where Python's handler never runs.
+        # >>> ch16: the other ranks cannot run a step without this one, and may be blocked in
+        # a collective waiting for it. SIGTERM (a clean exit) first; SIGKILL for one stuck
+        # inside a collective, where Python's handler never runs.
         ranks = [w for w in self.workers if w.name.startswith("minisgl-scheduler-")]
         if len(ranks) > 1 and worker in ranks:
             for w in ranks:
@@ -130,6 +130,7 @@ class FrontendManager:
                     asyncio.get_running_loop().call_later(
                         PEER_STOP_TIMEOUT_S, lambda p=w.process: p.exitcode is None and p.kill()
                     )
+        # <<< ch16
         if self.on_dead is not None:
             self.on_dead(reason)
 

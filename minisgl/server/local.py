@@ -1,8 +1,8 @@
 """A real server on this machine, for the scripts that drive one: start ``python -m minisgl``
 on a free loopback port, wait until it answers, stop it.
 
-Used by the load test (``minisgl/benchmark/serve_load.py``), the online benchmark (chapter 22)
-and ``tools/diagnostics/tp_compare.py``. The server runs in its own process session, so stopping it
+Used by the load test (``minisgl/benchmark/serve_load.py``), the benchmarks that serve, and
+``tools/diagnostics/tp_compare.py``. The server runs in its own process session, so stopping it
 reaches its workers too. Not in upstream (its benchmarks take the URL of a running server).
 """
 

@@ -8,7 +8,7 @@ Each queue wraps one socket and one codec: ``encoder`` turns an object into byte
 * ``ZmqAsyncPushQueue`` / ``ZmqAsyncPullQueue``: the same, awaitable, for the API server's
   asyncio event loop.
 * ``ZmqPubQueue`` / ``ZmqSubQueue``: one publisher, every subscriber gets every message
-  (rank 0 re-broadcasting to the other scheduler ranks, chapter 14).
+  (one scheduler rank re-broadcasting what it received to the others).
 
 ``create=True`` binds the address (the owner, one per address); ``create=False``
 connects to it. Either side may start first. Addresses are ``ipc://<dir>/<name>`` inside a

@@ -5,7 +5,6 @@
 marker.
 """
 
-from .interpreter import interpret  # +ch19
 from .models import (
     DEVICE,
     MODELS,
@@ -32,5 +31,4 @@ __all__ = [
     "hf_greedy",
     "hf_model",
     "hf_tokenizer",
-    "interpret",  # +ch19
 ]
