@@ -34,8 +34,9 @@ FAKE = {
         dict(
             main="examples/ch03_engine.py",
             new=["minisgl/engine/__init__.py", "minisgl/engine/engine.py", "minisgl/env.py"],
-            modified=["minisgl/core.py"],
             early={"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6},
+            # a marker of chapter 3 in a file of chapter 1: chapter 3 modifies it
+            texts={"minisgl/core.py": "x = 1\ny = 2  # " + "+ch03\n"},
         ),
     ),
 }
@@ -47,13 +48,16 @@ def write_manifest(
     slug: str,
     main: str,
     new: list[str],
-    modified: list[str] = (),
     early: dict[str, int] | None = None,
     extra: str = "",
+    texts: dict[str, str] | None = None,
 ) -> None:
     d = root / "chapters" / f"ch{n:02d}_{slug}"
     d.mkdir(parents=True, exist_ok=True)
-    early_lines = "".join(f'"{p}" = {c}\n' for p, c in (early or {}).items())
+    early_lines = "".join(
+        f'[early."{p}"]\nchapter = {c}\nwhy = "needed before chapter {c}"\n'
+        for p, c in (early or {}).items()
+    )
     (d / "chapter.toml").write_text(
         textwrap.dedent(f"""\
         title = "Chapter {n}"
@@ -61,10 +65,8 @@ def write_manifest(
         main = "{main}"
         tests = ["tests/test_ch{n:02d}_{slug}.py"]
         new = {list(new)!r}
-        modified = {list(modified)!r}
         exercises = []
         {extra}
-        [early]
         """).replace("'", '"')
         + early_lines
     )
@@ -82,6 +84,9 @@ def make_repo(root: Path, chapters: dict = FAKE, create_files: bool = True) -> P
             ]:
                 (root / p).parent.mkdir(parents=True, exist_ok=True)
                 (root / p).touch()
+    for n, (slug, spec) in chapters.items():
+        for p, text in spec.get("texts", {}).items():
+            (root / p).write_text(text)
     return root
 
 
@@ -95,7 +100,7 @@ def test_manifests_load_with_number_slug_and_path(tmp_path):
     ]
     m = ms[3]
     assert m.early == {"minisgl/sched/cache.py": 5, "minisgl/sched/io.py": 6}
-    assert m.modified == ["minisgl/core.py"]
+    assert m.early_why["minisgl/sched/io.py"] == "needed before chapter 6"
     assert m.tests == ["tests/test_ch03_engine.py"]
     assert m.path == tmp_path / "chapters" / "ch03_engine"
 
@@ -128,9 +133,13 @@ def test_tree_header_counts_and_drawing_match_the_seed_format(tmp_path):
         │   ├── engine.py  ← new in this chapter
         ├── layers/  (2 files, unchanged)
         ├── sched/
-        │   ├── cache.py  ← brought in early (explained in chapter 5)
-        │   ├── io.py  ← brought in early (explained in chapter 6)
-        ├── utils/  (1 file, unchanged)""")
+        │   ├── cache.py  ← brought in early (explained in chapter 5; see below)
+        │   ├── io.py  ← brought in early (explained in chapter 6; see below)
+        ├── utils/  (1 file, unchanged)
+
+        Brought in early:
+          sched/cache.py (chapter 5): needed before chapter 5
+          sched/io.py (chapter 6): needed before chapter 6""")
 
 
 def test_tree_of_a_chapter_without_engine_files_and_markdown_fence(tmp_path):
@@ -193,7 +202,6 @@ def test_missing_unlisted_and_misordered_files_are_reported(tmp_path):
         dict(
             main="examples/ch04_late.py",
             new=["minisgl/late.py"],
-            modified=["minisgl/never.py", "minisgl/late.py"],
             early={"minisgl/soon.py": 4},
         ),
     )
@@ -207,10 +215,7 @@ def test_missing_unlisted_and_misordered_files_are_reported(tmp_path):
     assert problems == [
         "chapter 4: minisgl/soon.py is brought in early but explained in chapter 4, "
         "which is not later",
-        "chapter 4: minisgl/never.py is modified but never introduced",
-        "chapter 4: minisgl/late.py is modified but only introduced in chapter 4",
         "chapter 4: minisgl/late.py is listed in ch04_late/chapter.toml but does not exist",
-        "chapter 4: minisgl/never.py is listed in ch04_late/chapter.toml but does not exist",
         "minisgl/stray.py is in the engine but no chapter introduces it",
         "examples/stray_demo.py is in no chapter manifest, so check never runs it",
     ]
@@ -407,3 +412,27 @@ def test_command_line_tree_list_and_static_check(tmp_path, capsys):
         "minisgl/stray.py is in the engine but no chapter introduces it" in capsys.readouterr().out
     )
     assert steps.main(["--root", str(root), "check", "--static-only", "--allow-unlisted"]) == 0
+
+
+def test_an_earlier_test_runs_again_only_where_its_imports_reach_a_change(tmp_path):
+    root = make_repo(tmp_path)
+    (root / "tests/test_ch01_core.py").write_text("import minisgl.core\n")
+    (root / "tests/test_ch02_layers.py").write_text("from minisgl.layers import linear\n")
+    before, rerun = steps.earlier_tests(3, steps.load_manifests(root), root)
+    assert before == [
+        "tests/test_ch00_intro.py",
+        "tests/test_ch01_core.py",
+        "tests/test_ch02_layers.py",
+    ]
+    assert rerun == ["tests/test_ch01_core.py"]  # chapter 3 marks a line of core.py
+    assert steps.earlier_tests(2, steps.load_manifests(root), root)[1] == []
+
+
+def test_command_line_show_and_changes_give_a_chapters_version_and_diff(tmp_path, capsys):
+    root = make_repo(tmp_path)
+    assert steps.main(["--root", str(root), "show", "2", "minisgl/core.py"]) == 0
+    assert capsys.readouterr().out == "x = 1\n"
+    assert steps.main(["--root", str(root), "changes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "chapter 3 brings in 7 file(s):\n  minisgl/engine/__init__.py" in out
+    assert "and edits 1:\n--- minisgl/core.py" in out and "\n+y = 2  # " + "+ch03" in out

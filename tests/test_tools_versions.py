@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools import version_checks, versions
+from tools.docs.versioned import Version
 from tools.manifest import load_manifests
 
 OPEN, CLOSE, PLUS = "# >" + ">> ", "# <" + "<< ", "  # " + "+"
@@ -139,7 +140,7 @@ def fake_book(root: Path, engine_text: str, extra_ch2: str = "") -> list:
             f'title = "t"\nstage = 1\nmain = "examples/ch{n:02d}_{slug}.py"\n'
             f"tests = []\nnew = {new!r}\n".replace("'", '"'),
         )
-        write(root, f"examples/ch{n:02d}_{slug}.py", "print('hi')\n")
+        write(root, f"examples/ch{n:02d}_{slug}.py", 'print("hi")\n')
     write(root, "minisgl/__init__.py", "")
     write(root, "minisgl/core.py", engine_text)
     write(root, "minisgl/retract.py", "class RetractManager:\n    pass\n" + extra_ch2)
@@ -188,3 +189,58 @@ def test_a_version_that_does_not_parse_fails(tmp_path):
         """)
     found = version_checks.problems(fake_book(tmp_path, text), tmp_path)
     assert any("chapter 1's minisgl/core.py does not parse" in p for p in found)
+
+
+def test_lint_finds_an_import_only_a_later_chapter_uses(tmp_path):
+    text = src("""\
+        from minisgl.retract import RetractManager PLUSch02
+
+
+        def schedule():
+            return RetractManager
+        """)
+    write(tmp_path, "pyproject.toml", "[tool.ruff]\nline-length = 100\n")
+    book = version_checks.Book(fake_book(tmp_path, text), tmp_path)
+    found = version_checks.lint_problems(book)
+    assert found == ["chapter 1's minisgl/core.py:2: F821 Undefined name `RetractManager`"]
+    tidy = src("""\
+        def schedule():
+            OPEN ch02
+            from minisgl.retract import RetractManager
+
+            RetractManager()
+            CLOSE ch02
+            return 1
+        """)
+    write(tmp_path, "minisgl/core.py", tidy)
+    book = version_checks.Book(load_manifests(tmp_path), tmp_path)
+    assert version_checks.lint_problems(book) == []
+
+
+def test_the_site_shows_each_distinct_version_and_what_a_chapter_changed(tmp_path):
+    from tools.docs.versioned import SourceVersions, changes_page
+
+    text = src("""\
+        def schedule():
+            OPEN ch02: retraction frees pages first
+            from minisgl.retract import RetractManager
+
+            RetractManager()
+            CLOSE ch02
+            return 1
+        """)
+    sv = SourceVersions(tmp_path, fake_book(tmp_path, text))
+    assert sv.versions("minisgl/core.py") == [
+        Version(1, 1, "source/ch01/minisgl/core.py.md"),
+        Version(2, 2, "source/minisgl/core.py.md"),
+    ]
+    assert sv.uri("minisgl/core.py", 1) == "source/ch01/minisgl/core.py.md"
+    assert "RetractManager" not in sv.text("minisgl/core.py", 1)
+    assert sv.added_lines("minisgl/core.py", 2) == [2, 3, 4, 5, 6]  # the block, markers too
+    assert sv.added_lines("minisgl/core.py", 1) == []  # the chapter that brings the file in
+    new, edited = sv.changes(2)
+    assert new == ["minisgl/retract.py", "examples/ch02_retraction.py"]
+    assert list(edited) == ["minisgl/core.py"]
+    page = changes_page(sv, 2, "Retraction", "chapters/ch02_retraction.md", "changes/ch02.md")
+    assert "+    from minisgl.retract import RetractManager" in page
+    assert "[`minisgl/retract.py`](../source/minisgl/retract.py.md)" in page

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import sys
@@ -43,6 +44,7 @@ from nbformat.notebooknode import NotebookNode
 from tools import notebook_outputs, notebook_parts
 from tools.docs.chapters import Chapter, chapter_by_key, load_chapters
 from tools.docs.macros import MAIN_CELLS, Context, expand
+from tools.docs.versioned import SourceVersions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,11 +176,21 @@ def _main_cells(root: Path, chapter: Chapter) -> List[NotebookNode]:
     ]
 
 
+@functools.lru_cache(maxsize=4)
+def _source_versions(root: Path) -> SourceVersions:
+    return SourceVersions(root)
+
+
 def build_notebook(
-    root: Path, chapter: Chapter, repo_url: str = "", errors: Optional[List[str]] = None
+    root: Path,
+    chapter: Chapter,
+    repo_url: str = "",
+    errors: Optional[List[str]] = None,
+    versions: Optional[SourceVersions] = None,
 ) -> NotebookNode:
-    """The notebook of `chapter` (validated with nbformat). Broken macros, parts of
-    notebook.py that name no heading and missing images go to `errors`."""
+    """The notebook of `chapter` (validated with nbformat), its listings in the chapter's
+    version of each file. Broken macros, parts of notebook.py that name no heading and
+    missing images go to `errors`."""
     errors = errors if errors is not None else []
     prose = (
         chapter.prose_path.read_text(encoding="utf-8")
@@ -191,6 +203,7 @@ def build_notebook(
         page=f"chapters/{chapter.key}/chapter.md",
         chapter=chapter,
         mode="notebook",
+        versions=versions if versions is not None else _source_versions(root),
     )
     result = expand(prose, ctx)
     errors.extend(result.errors)

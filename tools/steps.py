@@ -3,9 +3,11 @@
     python -m tools.steps list              # the chapters and what each introduces
     python -m tools.steps tree 7            # "Files so far: ..." and the minisgl/ tree
     python -m tools.steps tree 7 --format markdown
+    python -m tools.steps show 7 minisgl/scheduler/scheduler.py   # chapter 7's version of a file
+    python -m tools.steps changes 11        # what chapter 11 changed: new files, and diffs
     python -m tools.steps check             # every chapter (plus the static checks)
     python -m tools.steps check 5 6 --jobs 2
-    python -m tools.steps check --static-only
+    python -m tools.steps check --static-only   # manifests and every version, nothing run
 
 ``check N`` copies the files of chapters 0..N, plus the infrastructure every chapter may use
 (INFRASTRUCTURE below; ``models/`` is linked, not copied), into ``build/steps/NN/``, then
@@ -39,7 +41,7 @@ from pathlib import Path
 if not __package__:  # run as `python tools/steps.py` (DESIGN.md's form): the repo's root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from tools import captured, versions
+from tools import captured, version_checks, versions
 from tools.closure import closure
 from tools.jobs import in_order
 from tools.manifest import (
@@ -158,6 +160,7 @@ class Outcome:
     ran: list[str] = field(default_factory=list)  # labels of the commands run
     failed: list[str] = field(default_factory=list)  # labels of those that failed
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what it did, not what went wrong
     log: str = ""
     log_path: str = ""  # where the full output was saved, relative to the root
 
@@ -426,8 +429,8 @@ def check_chapter(
         outcome.ok = False
         outcome.problems += [f"chapter {n}: {p} is listed but does not exist" for p in own]
     if len(missing) > len(own):  # reported by their own chapter; fatal here only if needed
-        outcome.problems.append(
-            f"note: {len(missing) - len(own)} file(s) of earlier "
+        outcome.notes.append(
+            f"{len(missing) - len(own)} file(s) of earlier "
             "chapters are missing: " + ", ".join(sorted(set(missing) - set(own)))
         )
     has_engine = any(p.startswith(ENGINE + "/") for p in files_so_far(n, manifests))
@@ -450,8 +453,8 @@ def check_chapter(
             before, rerun = earlier_tests(n, manifests, root)
             if rerun:
                 commands.append(("earlier tests", [*pytest, *rerun]))
-            outcome.problems.append(
-                f"note: {len(rerun)} of {len(before)} earlier chapters' test files run again; "
+            outcome.notes.append(
+                f"{len(rerun)} of {len(before)} earlier chapters' test files run again; "
                 "the rest reach nothing this chapter changed"
             )
         _run_commands(
@@ -512,9 +515,43 @@ def cmd_list(manifests: list[Manifest]) -> int:
     return 0
 
 
+def cmd_changes(n: int, manifests: list[Manifest], root: Path) -> int:
+    """Print the files chapter ``n`` brings in and the diff of every file it edits."""
+    import difflib
+
+    from tools.docs.versioned import SourceVersions
+
+    sv = SourceVersions(root, manifests)
+    if n not in sv.numbers:
+        print(f"error: no chapter {n}", file=sys.stderr)
+        return 2
+    new, edited = sv.changes(n)
+    print(f"chapter {n} brings in {len(new)} file(s):")
+    for path in new:
+        print(f"  {path}")
+    print(f"and edits {len(edited)}:")
+    for path, (before, after) in sorted(edited.items()):
+        diff = difflib.unified_diff(
+            before.split("\n"), after.split("\n"), path, path, lineterm="", n=3
+        )
+        print("\n".join(diff))
+    return 0
+
+
+def all_static_problems(
+    manifests: list[Manifest], root: Path, allow_unlisted: bool = False
+) -> list[str]:
+    """The manifests' problems (tools/manifest.py), then every chapter version's: markers,
+    later chapters or names, parsing (tools/version_checks.py), lint and format."""
+    found = static_problems(manifests, root, allow_unlisted=allow_unlisted)
+    found += version_checks.problems(manifests, root, VERSIONED_INFRASTRUCTURE)
+    found += version_checks.lint_problems(Book(manifests, root, VERSIONED_INFRASTRUCTURE))
+    return found
+
+
 def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -> int:
     numbers = args.chapters or [m.number for m in manifests]
-    static = static_problems(manifests, root, allow_unlisted=args.allow_unlisted)
+    static = all_static_problems(manifests, root, allow_unlisted=args.allow_unlisted)
     print(f"static checks: {len(static)} problem(s)")
     for p in static:
         print(f"  - {p}")
@@ -541,7 +578,7 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         outcomes.append(out)
         log = f", log {out.log_path}" if out.log_path and not out.ok else ""
         print(f"{'ok  ' if out.ok else 'FAIL'} {out.label}  ({out.seconds:.1f} s{log})", flush=True)
-        for p in out.problems:
+        for p in out.problems + [f"note: {n}" for n in out.notes]:
             print("     " + p.replace("\n", "\n     "))
 
     print("\nsummary")
@@ -566,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the chapters and what each introduces")
+    show = sub.add_parser("show", help="chapter N's version of a file")
+    show.add_argument("chapter", type=int)
+    show.add_argument("path")
+    changes = sub.add_parser("changes", help="what chapter N changed: new files, and diffs")
+    changes.add_argument("chapter", type=int)
     tree = sub.add_parser("tree", help="the files so far at chapter N")
     tree.add_argument("chapter", type=int)
     tree.add_argument("--format", choices=["text", "markdown"], default="text")
@@ -579,7 +621,11 @@ def main(argv: list[str] | None = None) -> int:
         help="steps run at once (default 1; more: one thread per child, tools/jobs.py)",
     )
     check.add_argument("--timeout", type=float, default=1800, help="seconds per command")
-    check.add_argument("--static-only", action="store_true", help="only check the manifests")
+    check.add_argument(
+        "--static-only",
+        action="store_true",
+        help="only the static checks: manifests, versions, lint",
+    )
     check.add_argument(
         "--allow-unlisted",
         action="store_true",
@@ -596,6 +642,15 @@ def main(argv: list[str] | None = None) -> int:
 
     root = args.root.resolve()
     manifests = load_manifests(root)
+    if args.command == "show":
+        if not (root / args.path).is_file():
+            print(f"error: no file {args.path}", file=sys.stderr)
+            return 2
+        text = (root / args.path).read_text(encoding="utf-8")
+        print(versions.version(text, args.chapter, args.path), end="")
+        return 0
+    if args.command == "changes":
+        return cmd_changes(args.chapter, manifests, root)
     if args.command == "list":
         return cmd_list(manifests)
     if args.command == "tree":
@@ -605,4 +660,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `... | head` closed the pipe: what it read is all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

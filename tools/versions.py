@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 _CH = r"ch(\d{2})"
 OPEN = re.compile(rf"^(?P<indent>[ \t]*)# >>> {_CH}(?:-{_CH})?(?::[ \t]*(?P<note>\S.*))?$")
@@ -166,9 +166,36 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
     marked = marked if marked is not None else parse(text, where)
     if not marked.blocks and not marked.trailing:
         return text
+    result = "\n".join(line for _, line in _cut(text, n, marked))
+    if _ends_dropped(text, n, marked) and text.endswith("\n"):  # one final newline
+        result = result.rstrip("\n") + "\n"
+    return result
+
+
+def source_lines(text: str, n: int, where: str = "<text>") -> List[int]:
+    """For each line of chapter ``n``'s version of ``text``, its line (1-based) in ``text``."""
+    marked = parse(text, where)
+    return [i + 1 for i, _ in _cut(text, n, marked)]
+
+
+def chapter_of_lines(text: str, where: str = "<text>") -> Dict[int, int]:
+    """Each marked line (1-based) of ``text`` -> the chapter that adds it (its innermost block's,
+    or its own trailing marker's); unmarked lines are left out."""
+    marked = parse(text, where)
+    chapters: Dict[int, int] = {}
+    for b in marked.blocks:
+        if b.until is None:
+            for line in range(b.first, b.last + 1):
+                chapters[line] = max(chapters.get(line, 0), b.start)
+    chapters.update(marked.trailing)
+    return chapters
+
+
+def _kept(text: str, n: int, marked: Marked) -> tuple[List[bool], Dict[int, str]]:
+    """Which lines (0-based) chapter ``n`` keeps, and the ones to uncomment at an indent."""
     lines = text.split("\n")
     keep = [True] * len(lines)
-    uncomment: dict[int, str] = {}  # 0-based line -> the indent to uncomment it at
+    uncomment: Dict[int, str] = {}
     for b in marked.blocks:
         lo, hi = b.first - 1, b.last - 1
         if n < b.start:
@@ -181,13 +208,29 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
     for line_no, chapter in marked.trailing.items():
         if n < chapter:
             keep[line_no - 1] = False
-    out: List[str] = []
+    return keep, uncomment
+
+
+def _ends_dropped(text: str, n: int, marked: Marked) -> bool:
+    keep, _ = _kept(text, n, marked)
+    lines = text.split("\n")
+    for j in range(len(lines) - 1, -1, -1):
+        if lines[j].strip():
+            return not keep[j]
+    return False
+
+
+def _cut(text: str, n: int, marked: Marked) -> List[tuple[int, str]]:
+    """Chapter ``n``'s lines of ``text``, each with its 0-based line in ``text``."""
+    lines = text.split("\n")
+    keep, uncomment = _kept(text, n, marked)
+    out: List[tuple[int, str]] = []
     blank_before = 0  # blank lines kept just before the run of dropped lines being skipped
     dropping = False
     for j, line in enumerate(lines):
         if not keep[j]:
             if not dropping:
-                blank_before = _trailing_blanks(out)
+                blank_before = _trailing_blanks([x for _, x in out])
                 dropping = True
             continue
         if dropping and not line.strip():
@@ -205,36 +248,32 @@ def version(text: str, n: int, where: str = "<text>", marked: Optional[Marked] =
                 line = ""
             elif body:
                 line = indent + (body[2:] if body.startswith("# ") else body[1:])
-        out.append(line)
-    out = _drop_emptied_imports(out)
-    result = "\n".join(out)
-    if dropping and text.endswith("\n"):  # a block dropped at the end: one final newline
-        result = result.rstrip("\n") + "\n"
-    return result
+        out.append((j, line))
+    return _drop_emptied_imports(out)
 
 
 _FROM_OPEN = re.compile(r"^[ \t]*from [\w.]+ import \($")
 _CLOSE_PAREN = re.compile(r"^[ \t]*\)$")
 
 
-def _drop_emptied_imports(lines: List[str]) -> List[str]:
+def _drop_emptied_imports(lines: List[tuple[int, str]]) -> List[tuple[int, str]]:
     """``from x import (`` and ``)`` with every name between them cut (each marked with a later
     chapter, as a formatter lays out a long import): nothing is imported, so neither stays."""
-    out: List[str] = []
+    out: List[tuple[int, str]] = []
     dropped = False
-    for line in lines:
-        if _CLOSE_PAREN.match(line) and out and _FROM_OPEN.match(out[-1]):
+    for j, line in lines:
+        if _CLOSE_PAREN.match(line) and out and _FROM_OPEN.match(out[-1][1]):
             out.pop()
             dropped = True
             continue
         if (
             dropped
             and not line.strip()
-            and (not out or not out[-1].strip() or out[-1].endswith(":"))
+            and (not out or not out[-1][1].strip() or out[-1][1].endswith(":"))
         ):
             continue  # no blank line doubled, none opening a block
         dropped = False
-        out.append(line)
+        out.append((j, line))
     return out
 
 

@@ -53,6 +53,7 @@ from tools.docs.macros import (
     practice_page_uri,
 )
 from tools.docs.prose_check import Checker
+from tools.docs.versioned import CHANGES_URI, SourceVersions, changes_page
 from tools.notebooks import build_notebook, notebook_json
 
 log = logging.getLogger("mkdocs.plugins.minisgl_book")
@@ -132,6 +133,10 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
     _state["root"] = root
     _state["chapters"] = {ch.page_uri: ch for ch in chapters}
     try:
+        _state["versions"] = SourceVersions(root)
+    except ValueError as e:  # a malformed manifest or marker names its file and line
+        raise PluginError(str(e)) from e
+    try:
         _state["upstream"] = load_upstream_index(root)
     except MacroError:
         _state["upstream"] = None  # reported by the first @@upstream@@ that needs it
@@ -183,13 +188,27 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
     root: Path = _state["root"]
     chapters = list(_state["chapters"].values())
     by_number = {ch.number: ch for ch in chapters}
-    table = source_pages.file_chapters(chapters)
+    sv: SourceVersions = _state["versions"]
+    table = source_pages.file_chapters(chapters, sv)
     paths = source_pages.source_files(root)
     for path in paths:
-        page = source_pages.render_page(root, path, table.get(path), by_number)
-        files.append(File.generated(config, source_pages.page_uri(path), content=page))
+        versions = sv.versions(path)
+        for v in versions:  # the last is the file itself, at source/<path>.md
+            text = sv.text(path, v.first if v.uri != source_pages.page_uri(path) else None)
+            page = source_pages.render_page(
+                root, path, table.get(path), by_number, text, v.uri, versions
+            )
+            files.append(File.generated(config, v.uri, content=page))
     index = source_pages.render_index(root, paths, table, by_number)
     files.append(File.generated(config, source_pages.INDEX_URI, content=index))
+    for ch in chapters:
+        tree = source_pages.render_chapter_index(sv, ch.number, paths, by_number)
+        files.append(
+            File.generated(config, source_pages.chapter_index_uri(ch.number), content=tree)
+        )
+        uri = CHANGES_URI.format(key=ch.key)
+        page = changes_page(sv, ch.number, f"{ch.number}. {ch.title}", ch.page_uri, uri)
+        files.append(File.generated(config, uri, content=page))
     for trace in sorted((root / "outputs" / "traces").glob("*.json")):
         try:
             page = trace_view.render(json.loads(trace.read_text(encoding="utf-8")))
@@ -210,7 +229,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             files.append(File.generated(config, uri, content=_stub(ch)))
         errors: List[str] = []
         try:
-            nb = build_notebook(root, ch, repo_url=config.repo_url or "", errors=errors)
+            nb = build_notebook(root, ch, config.repo_url or "", errors, _state["versions"])
         except Exception as e:  # the page itself reports broken macros; this is anything else
             log.error(f"notebook for {ch.key} could not be built: {type(e).__name__}: {e}")
             continue
@@ -229,6 +248,7 @@ def _context(page: Page, config: MkDocsConfig) -> Context:
         page=page.file.src_uri,
         chapter=_state["chapters"].get(page.file.src_uri),
         upstream_index=_state.get("upstream"),
+        versions=_state.get("versions"),
     )
 
 
@@ -242,6 +262,8 @@ def _decorate_chapter(markdown: str, ch: Chapter, ctx: Context, config: MkDocsCo
         url = ctx.file_url(ch.main)
         meta.append(f"main: [`{ch.main}`]({url})" if url else f"main: `{ch.main}`")
     meta.append(f"[:material-notebook-outline: notebook]({ctx.link_to(ch.notebook_uri)})")
+    meta.append(f"[what this chapter changed]({ctx.link_to(CHANGES_URI.format(key=ch.key))})")
+    meta.append(f"[its tree]({ctx.link_to(source_pages.chapter_index_uri(ch.number))})")
     if ch.exercises:
         meta.append("practice: " + ", ".join(str(i) for i in ch.exercises))
     stage = f"{_stage_title(config, ch.stage)}  ·  chapter {ch.number}"

@@ -6,11 +6,13 @@ macro it cannot resolve (the mkdocs hook turns those into a failed `mkdocs build
 Block macros stand alone on their line (indentation is kept, so they work inside list items
 and admonitions):
 
-    @@code path:Symbol@@     the current source of a class, function, method (`Class.method`)
-                             or module-level name, found with `ast`, decorators included,
-                             titled `path · Symbol` and linked to its lines in the
-                             site's source browser (tools/docs/source_pages.py)
-    @@code path@@            the whole file (a chapter's main, say)
+    @@code path:Symbol@@     a class, function, method (`Class.method`) or module-level name,
+                             found with `ast`, decorators included, in the version of the
+                             file the page's chapter leaves (tools/docs/versioned.py; the
+                             lines the chapter adds highlighted), titled `path · Symbol` and
+                             linked to its lines in that version's page of the site's
+                             source browser (tools/docs/source_pages.py)
+    @@code path@@            the whole file (a chapter's main, say), in the same version
     @@tree@@ / @@tree N@@    the chapter's file tree, drawn by tools/manifest.py `render_tree`
                              from the manifests under the root (`python -m tools.steps tree N`)
     @@output name@@          the captured stdout of examples/name.py (outputs/name.txt,
@@ -46,6 +48,7 @@ from tools import manifest
 from tools.docs import source_pages
 from tools.docs.chapters import Chapter, Exercise, all_exercises, find_exercise, load_chapters
 from tools.docs.symbols import SymbolError, find_symbol
+from tools.docs.versioned import SourceVersions
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
 BLOCK_MACROS = {"code", "tree", "output", "trace", "exercises", "chapters", "practice"}
@@ -79,6 +82,12 @@ class Context:
     chapter: Optional[Chapter] = None
     mode: str = "site"
     upstream_index: Optional[Dict[str, Any]] = None
+    versions: Optional[SourceVersions] = None  # the chapter versions (None: the files as they are)
+
+    @property
+    def number(self) -> Optional[int]:
+        """The page's chapter, whose version of a file its listings show."""
+        return self.chapter.number if self.chapter is not None else None
 
     def where(self) -> str:
         where = self.page or "<page>"
@@ -99,7 +108,10 @@ class Context:
         """
         if self.mode == "site":
             if source_pages.is_source_file(path) and (self.root / path).is_file():
-                return self.link_to(source_pages.page_uri(path)) + source_pages.line_fragment(lines)
+                uri = source_pages.page_uri(path)
+                if self.versions is not None:
+                    uri = self.versions.uri(path, self.number)
+                return self.link_to(uri) + source_pages.line_fragment(lines)
             return self.blob_url(path, lines) if self.repo_url else None
         if self.repo_url:
             return self.blob_url(path, lines)
@@ -133,11 +145,13 @@ def practice_page_uri(ex: Exercise) -> str:
     return f"practice/{ex.folder.name}.md"
 
 
-def _fenced(body: str, lang: str, title: str, mode: str) -> str:
+def _fenced(body: str, lang: str, title: str, mode: str, marked: List[int] = ()) -> str:
+    """A fenced listing; on the site, ``marked`` lines (1-based, of ``body``) highlighted."""
     longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
     fence = "`" * max(3, longest + 1)
     if mode == "site":
-        return f'{fence}{lang} title="{title}"\n{body}\n{fence}'
+        hl = f' hl_lines="{" ".join(map(str, marked))}"' if marked else ""
+        return f'{fence}{lang} title="{title}"{hl}\n{body}\n{fence}'
     return f"**{title}**\n\n{fence}{lang}\n{body}\n{fence}"
 
 
@@ -188,7 +202,17 @@ def macro_code(arg: str, ctx: Context) -> str:
     file = ctx.root / path
     if not file.is_file():
         raise MacroError(f"file {path} does not exist")
-    source = file.read_text(encoding="utf-8")
+    source, added = file.read_text(encoding="utf-8"), []
+    if ctx.versions is not None and ctx.number is not None and ctx.versions.has(path, ctx.number):
+        source = ctx.versions.text(path, ctx.number)
+        added = ctx.versions.added_lines(path, ctx.number)
+    elif (
+        ctx.versions is not None
+        and ctx.chapter is not None
+        and path.startswith("minisgl/")
+        and not ctx.chapter.manifest.get("final_mains")  # a tour of the finished engine
+    ):
+        raise MacroError(f"{path} is not in chapter {ctx.number}'s tree")
     if symbol is None:
         if ctx.mode == "notebook" and ctx.chapter is not None and ctx.chapter.main == path:
             return MAIN_CELLS
@@ -203,6 +227,9 @@ def macro_code(arg: str, ctx: Context) -> str:
             raise MacroError(str(e)) from e
         body, span, title = found.text, (found.start, found.end), f"{path} · {symbol}"
     lang = "python" if path.endswith(".py") else ""
+    first = span[0] if span else 1
+    last = span[1] if span else source.count("\n") + 1
+    marked = [k - first + 1 for k in added if first <= k <= last]
     where = f"{path}, lines {span[0]}–{span[1]}" if span else path
     url = ctx.file_url(path, span)
     if url is None:
@@ -211,7 +238,7 @@ def macro_code(arg: str, ctx: Context) -> str:
         link = f"[:octicons-file-code-16: {where}]({url}){{ .code-link }}"
     else:
         link = f"[{where}]({url})"
-    return _fenced(body, lang, title, ctx.mode) + "\n\n" + link
+    return _fenced(body, lang, title, ctx.mode, marked) + "\n\n" + link
 
 
 def macro_output(arg: str, ctx: Context) -> str:
