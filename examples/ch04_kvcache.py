@@ -24,7 +24,7 @@ print(
     f"{2 * layers * kv_heads * head_dim * 4 / 1024:.1f} KiB"
 )
 
-page_table = torch.zeros((4 + 1, 32), dtype=torch.int32)  # 4 request rows + the dummy row
+page_table = torch.zeros((4, 32), dtype=torch.int32)  # a row for each of 4 requests
 tables = TableManager(max_running_reqs=4, page_table=page_table)
 a, b = tables.allocate(), tables.allocate()
 print(f"rows handed out: a={a}, b={b}; {tables.available_size} left")

@@ -12,7 +12,6 @@ Hugging Face generating each prompt on its own.
 
 import argparse
 import os
-import sys
 from typing import Dict, List, Tuple
 
 import torch
@@ -108,8 +107,9 @@ print(
     f"{llm.cache_manager.num_free_pages} of {llm.engine.num_pages} KV pages free"
 )
 if args.trace:
-    recorder.save(args.trace, example="ch07_scheduler", prompts=prompts)
-    print(f"trace written to {args.trace}", file=sys.stderr)  # stderr: the output stays the same
+    recorder.save(
+        args.trace, run="the example's one run", example="ch07_scheduler", prompts=prompts
+    )
 llm.shutdown()
 
 if args.plot:

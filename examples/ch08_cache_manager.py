@@ -118,7 +118,9 @@ print(
 )
 outputs = llm.generate(prompts, params)
 if args.trace:
-    recorder.save(args.trace, example="ch08_cache_manager", prompts=prompts)
+    recorder.save(
+        args.trace, run="the three prompts", example="ch08_cache_manager", prompts=prompts
+    )
 llm.cache_manager.check_integrity()
 print(f"  afterwards: {llm.cache_manager.num_free_pages}/10 pages free, check_integrity passed")
 

@@ -118,6 +118,11 @@ for P in [1, 4]:
         same = all(o["token_ids"] == hf_greedy(p) for p, o in zip(prompts, outputs))
         print(f"    {tree_line(llm)}; outputs match HF: {same}")
     if recorder is not None:
-        recorder.save(args.trace, example="ch09_radix_cache", rounds=[t for t, _ in ROUNDS])
+        recorder.save(
+            args.trace,
+            run="the run with pages of 1 token",
+            example="ch09_radix_cache",
+            rounds=[t for t, _ in ROUNDS],
+        )
     llm.cache_manager.check_integrity()
     llm.shutdown()

@@ -77,7 +77,12 @@ def run(budget, trace):
         recorder = TraceRecorder.attach(llm)
     outputs = [o["token_ids"] for o in llm.generate(prompts, params)]
     if recorder is not None:
-        recorder.save(args.trace, example="ch10_chunked_prefill", prompts=prompts)
+        recorder.save(
+            args.trace,
+            run=f"the chunked run (max_extend_tokens={budget})",
+            example="ch10_chunked_prefill",
+            prompts=prompts,
+        )
     llm.shutdown()
     return outputs
 

@@ -123,7 +123,9 @@ for overlap in [False, True]:
     outputs, seconds, timeline, start = run(overlap)
     if recorder is not None:
         recorder.detach()
-        recorder.save(args.trace, example="ch11_overlap", prompts=prompts)
+        recorder.save(
+            args.trace, run="the run with overlap on", example="ch11_overlap", prompts=prompts
+        )
     results[overlap] = (outputs, seconds, len(launched))
     print(
         f"overlap {'on' if overlap else 'off'}: {len(launched)} batches, first {args.timeline} events"

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -64,6 +65,11 @@ finally:
     stop_server(server)  # SIGTERM: the scheduler writes the trace as it exits
 
 doc = json.loads(trace.read_text())
+print(  # stderr: the output the book shows stays the same
+    f"wrote the trace of the server's whole run to {trace}; "
+    f"view it: python -m tools.trace_view {trace}",
+    file=sys.stderr,
+)
 steps = doc["steps"]
 print(f"the trace: {len(steps)} steps, batch sizes up to {max(len(s['reqs']) for s in steps)}")
 for s in steps:

@@ -192,9 +192,9 @@ class Context:
     # >>> ch02: the attention layer hands its q, k and v to the backend
     attn_backend: BaseAttnBackend = field(init=False)
     # <<< ch02
-    # >>> ch05: what a paged backend reads: ``page_table`` is ``[max_running_req + 1, C]``
-    # int32, ``C`` a multiple of 32; entry ``[row, pos]`` is the KV-pool slot of token ``pos``
-    # of the request in ``row`` (slots are token indices even when ``P`` > 1)
+    # >>> ch05: what a paged backend reads: ``page_table`` is ``[rows, C]`` int32, a row per
+    # request the table can hold, ``C`` a multiple of 32; entry ``[row, pos]`` is the KV-pool
+    # slot of token ``pos`` of the request in ``row`` (token indices even when ``P`` > 1)
     page_size: int = 1
     page_table: torch.Tensor = field(init=False)
     kv_cache: BaseKVCachePool = field(init=False)

@@ -212,8 +212,8 @@ def _pages(slots: torch.Tensor, page_size: int) -> List[int]:
 
 
 def live_requests(s: Scheduler) -> List[Req]:
-    """Requests holding a table row and KV right now: the decode set, the chunked prompts
-    waiting to continue, and the batch in flight, minus what was freed."""
+    """Requests holding a table row and KV right now: the decode set and the requests the
+    loop still holds (see below), minus what was freed."""
     live: Dict[int, Req] = {}
     candidates: List[Req] = list(s.decode_manager.running_reqs)
     # >>> ch10
@@ -233,15 +233,15 @@ def live_requests(s: Scheduler) -> List[Req]:
 def check_resources(s: Scheduler) -> None:
     """Account for every KV page and table row, between two steps of the loop.
 
-    * The prefix cache's own bookkeeping holds (``check_integrity``), and with a tree of
-      prefixes every node's ``ref_count`` equals the number of live requests locking it.
+    * The prefix cache's own bookkeeping holds (``check_integrity``), and where it keeps
+      nodes every node's ``ref_count`` equals the number of live requests locking it.
     * Each live request's row covers its computed positions ``[0, cached_len)``, page by
       page (slot ``% P`` == position ``% P``); its first ``cache_handle.cached_len`` slots
       are exactly the cached path it locked; the rest are pages it owns.
     * Free pages, pages in the prefix cache and pages owned by live requests are
       disjoint and add up to every page of the pool.
-    * Free rows, rows held back for a batch in flight, and rows of live requests are
-      disjoint and add up to ``max_running_req``.
+    * Free rows, rows held back by the loop, and rows of live requests are disjoint and add
+      up to ``max_running_req``.
     """
     cm: CacheManager = s.cache_manager
     tm: TableManager = s.table_manager

@@ -72,14 +72,17 @@ def sampled_by_uid(doc):
     return out
 
 
-def test_naive_trace_is_valid_and_equals_the_run(qwen3_path, tmp_path):
+def test_naive_trace_is_valid_and_equals_the_run(qwen3_path, tmp_path, capsys):
     llm = build_llm(qwen3_path)
     rec, outputs, batches = record(llm, PROMPTS, LENGTHS)
-    path = rec.save(tmp_path / "t.json", example="test")
+    path = rec.save(tmp_path / "t.json", run="the test's run", example="test")
     doc = json.loads(path.read_text())
     llm.shutdown()
     validate(doc)
-    assert doc["version"] == SCHEMA_VERSION and doc["meta"] == {"example": "test"}
+    assert doc["version"] == SCHEMA_VERSION
+    assert doc["meta"] == {"run": "the test's run", "example": "test"}
+    told = capsys.readouterr()
+    assert f"wrote the trace of the test's run to {path}" in told.err and str(path) not in told.out
     assert doc["config"]["cache_type"] == "naive" and doc["config"]["overlap"] is False
     assert [(s["kind"], [(r["uid"], r["cached_len"], r["device_len"]) for r in s["reqs"]])
             for s in doc["steps"]] == batches  # fmt: skip

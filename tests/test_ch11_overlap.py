@@ -155,6 +155,7 @@ COMBINATIONS = [(16, False), (8192, True), (16, True), (8192, False)]
 
 @pytest.mark.parametrize("cache_type", ["naive", "radix"])
 @pytest.mark.parametrize("which", ["smollm2", "qwen3"])
+@pytest.mark.slow
 def test_every_combination_matches_hf_greedy(which, cache_type, request):
     path = request.getfixturevalue(f"{which}_path")
     # one engine per cache type keeps this short: the budget is read from prefill_budget and

@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers.server import MAX_SEQ_LEN, Server, wait_until_idle
 
+# every test drives real server processes: over a minute and a half in all on a 2-core CPU
+pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
 ROWS: list[tuple[str, str, str]] = []
 

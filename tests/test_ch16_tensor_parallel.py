@@ -285,6 +285,7 @@ def _greedy(llm: LLM) -> List[List[int]]:
     return [o["token_ids"] for o in llm.generate(PROMPTS, sp)]
 
 
+@pytest.mark.slow
 def test_offline_llm_at_tp2_equals_tp1_with_a_padded_vocab_and_names_a_dead_rank(odd_vocab_qwen3):
     llm = LLM(str(odd_vocab_qwen3), **OPTIONS)
     expected = _greedy(llm)
@@ -334,6 +335,7 @@ def _server_texts(server: Server) -> List[str]:
         return list(pool.map(one, PROMPTS))
 
 
+@pytest.mark.slow
 def test_a_tp4_server_replicates_kv_heads_and_answers_as_one_rank(qwen3_path, tmp_path, tp1_texts):
     server = Server(qwen3_path, tmp_path / "server.log", "--tp", "4").wait_ready()
     try:
@@ -343,6 +345,7 @@ def test_a_tp4_server_replicates_kv_heads_and_answers_as_one_rank(qwen3_path, tm
         assert server.stop(signal.SIGTERM) == 0, server.log.read_text()[-3000:]
 
 
+@pytest.mark.slow
 def test_a_tp2_server_answers_as_one_rank_and_a_dead_rank_takes_it_down(
     qwen3_path, tmp_path, tp1_texts
 ):

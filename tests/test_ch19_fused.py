@@ -428,12 +428,14 @@ print("model ok")
 
 
 @needs_triton
+@pytest.mark.slow
 def test_fused_kernels_match_their_references_in_the_interpreter():
     res = interpret(KERNEL_SCRIPT)
     assert res.returncode == 0 and "kernels ok" in res.stdout, res.stderr[-3000:]
 
 
 @needs_triton
+@pytest.mark.slow
 def test_the_model_on_the_fused_triton_kernels_gives_the_unfused_logits(qwen3_path):
     """Both attention backends: the torch one (the layer's own attention) and the split-KV one
     (the kernel from qkv), each against its own unfused run."""

@@ -115,6 +115,7 @@ def _rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.skipif(
     not HAS_TRITON, reason="triton is not installed (pip install triton) for the interpreter test"
 )
+@pytest.mark.slow
 def test_gemv_matches_f_linear_in_the_interpreter():
     # float32: both sides sum K <= 200 float32 products, in different orders, so they differ
     # by a few units of 2**-24 relative; 1e-5 of the largest output leaves a margin of ~20x

@@ -125,7 +125,8 @@ print("decode ok")
 
 
 @needs_triton
-def test_split_kv_and_batch_attention_match_softmax_attention_in_the_interpreter():
+@pytest.mark.slow
+def test_split_kv_attention_matches_softmax_attention_in_the_interpreter():
     res = interpret(DECODE_SCRIPT)
     assert res.returncode == 0 and "decode ok" in res.stdout, res.stderr[-3000:]
 

@@ -1,4 +1,4 @@
-"""Chapter 19: temperature sampling in one pass, the Gumbel-max kernel (``triton/sample.py``).
+"""Chapter 20: temperature sampling in one pass, the Gumbel-max kernel (``triton/sample.py``).
 
 A sampler cannot be compared token for token with another, so the tests check what a
 sampler promises: the frequencies of many draws from one distribution (within about four
@@ -60,12 +60,13 @@ def check_peaks(sample, device: str, dtype: torch.dtype, rows: int, vocab: int) 
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (pip install triton)")
+@pytest.mark.slow
 def test_gumbel_sampling_follows_the_distribution_in_the_interpreter():
     script = textwrap.dedent(
         """
         import torch
         from minisgl.kernel.triton import sample
-        from test_ch19_sample import check_frequencies, check_peaks
+        from test_ch20_sample import check_frequencies, check_peaks
         sample.BLOCK = 16  # a row of 100 logits in 7 blocks
         check_frequencies(sample.gumbel_sample, "cpu", torch.bfloat16, 512, 5)
         for dtype in (torch.bfloat16, torch.float16):

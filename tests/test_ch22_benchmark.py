@@ -278,6 +278,7 @@ def test_tp_logits_passes_only_near_ties_within_the_tolerance(capsys):
     assert "largest |dlogit| 3.0e-02 of the logit range" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_tp_logits_at_tp2_on_gloo_equal_tp1(qwen3_path, capsys):
     assert (
         tp_logits.main(["--model", str(qwen3_path), "--tp", "2", "--device", "cpu", "--steps", "4"])

@@ -45,6 +45,12 @@ class Counter:
         """Add ``by`` and return the new value."""
         self.value += by
         return self.value
+
+    # >>> ch01: counters start over
+    def reset(self) -> None:
+        self.value = 0
+
+    # <<< ch01
 '''
 
 PROBLEM = """\
@@ -101,14 +107,40 @@ def body(expr: str) -> str:
     return TOY.replace("    return a + b", textwrap.indent(textwrap.dedent(expr), "    "))
 
 
+def chapter(root: Path, n: int, slug: str, new: list[str]) -> None:
+    """Chapter ``n``'s manifest, main and test file (``CHAPTER_TESTS`` in chapter 0)."""
+    (root / "chapters" / f"ch{n:02d}_{slug}").mkdir(parents=True)
+    (root / "chapters" / f"ch{n:02d}_{slug}" / "chapter.toml").write_text(
+        f'title = "{slug}"\nstage = 1\nmain = "examples/ch{n:02d}_{slug}.py"\n'
+        f'tests = ["tests/test_ch{n:02d}_{slug}.py"]\nnew = {new!r}\n'.replace("'", '"')
+    )
+    (root / "examples").mkdir(exist_ok=True)
+    (root / "examples" / f"ch{n:02d}_{slug}.py").write_text("print(1)\n")
+    tests = CHAPTER_TESTS if n == 0 else RESET_TESTS
+    (root / "tests" / f"test_ch{n:02d}_{slug}.py").write_text(tests)
+
+
+RESET_TESTS = """\
+from minisgl.toy import Counter
+
+
+def test_reset():
+    c = Counter(5)
+    c.reset()
+    assert c.value == 0
+"""
+
+
 @pytest.fixture
 def toy(tmp_path: Path) -> Path:
+    """A book of two chapters: 0 brings in ``minisgl/toy.py``, 1 adds ``Counter.reset``."""
     root = tmp_path / "repo"
     (root / "minisgl").mkdir(parents=True)
     (root / "minisgl" / "__init__.py").write_text("")
     (root / "minisgl" / "toy.py").write_text(TOY)
     (root / "tests").mkdir()
-    (root / "tests" / "test_ch00_toy.py").write_text(CHAPTER_TESTS)
+    chapter(root, 0, "toy", ["minisgl/__init__.py", "minisgl/toy.py"])
+    chapter(root, 1, "more", [])
     ex = root / "practice" / "exercises" / "901_toy_add"
     ex.mkdir(parents=True)
     (ex / "problem.md").write_text(PROBLEM)
@@ -242,10 +274,14 @@ def test_two_judges_side_by_side_do_not_interfere(toy):
 
 def test_start_writes_the_starter_made_from_the_engine_module(toy):
     out = judge(toy, "start", "901")
-    assert "wrote practice/workspace/901_toy_add.py, made from minisgl/toy.py" in out.stdout
+    assert (
+        "wrote practice/workspace/901_toy_add.py, made from minisgl/toy.py as chapter 0 leaves it"
+        in out.stdout
+    )
     assert "Implement `add`." in out.stdout and "one plus two" not in out.stdout  # no hints
     written = (toy / "practice" / "workspace" / "901_toy_add.py").read_text()
-    assert written == TOY.replace(
+    chapter_0 = TOY.split("\n\n    # >>> ch01")[0] + "\n"
+    assert written == chapter_0.replace(
         "    return a + b", '    raise NotImplementedError("Exercise 901: implement add")'
     )
 
@@ -301,7 +337,11 @@ def test_a_missing_file_is_named_with_the_right_advice(toy):
 def test_solution_asks_first(toy):
     assert "not shown" in judge(toy, "solution", "901").stdout
     out = judge(toy, "solution", "901", "--yes")
-    assert "minisgl/toy.py:4-6" in out.stdout
+    assert "add" in out.stdout and "lines 4-6" in out.stdout, out.stdout
+    reference = toy / "practice" / "workspace" / "reference_901_toy_add.py"
+    assert "def bump(" in reference.read_text() and "reset" not in reference.read_text()
+    accepted = judge(toy, "901", "--file", str(reference), "--device", "cpu")
+    assert "Verdict: Accepted" in accepted.stdout, accepted.stdout
 
 
 def test_check_passes_on_a_sound_exercise(toy):
@@ -469,15 +509,15 @@ def test_doctor_runs(toy):
 
 
 def test_real_exercises_make_starters_that_match_the_engine():
-    from practice.judgelib import broken
+    from practice.judgelib import broken, chapter
     from practice.judgelib.starter import placeholder, starter_source
 
     exercises = load_all(REPO / "practice" / "exercises")
     for p in exercises:
         assert p.own_tests, p.dir
-        starter = starter_source(REPO, p)  # every symbol is in the engine module
+        starter = starter_source(REPO, p)  # every symbol is in the chapter's engine module
         compile(starter, p.module, "exec")
-        engine = (REPO / p.module).read_text()
+        engine = chapter.engine_source(REPO, p)
         problems, _ = drift(starter, engine)
         assert not problems, f"{p.id}: starter drifted from {p.module}:\n" + "\n".join(problems)
         for symbol in p.symbols:
@@ -523,3 +563,33 @@ def test_the_sandbox_keeps_installed_paths_but_not_another_minisgl(tmp_path, mon
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(other_repo)]))
     env = runner.child_env(box, "cpu", "minisgl.core", box / "events.jsonl")
     assert env["PYTHONPATH"].split(os.pathsep) == [str(box), str(site)]
+
+
+def test_an_exercise_is_written_and_judged_in_its_chapters_engine(toy):
+    judge(toy, "start", "901")
+    starter = (toy / "practice" / "workspace" / "901_toy_add.py").read_text()
+    assert "def bump(" in starter and "reset" not in starter  # chapter 1 adds reset
+    out = judge_source(toy, body("return a + b"))
+    assert "Verdict: Accepted · 4 / 4 cases" in out.stdout  # chapter 1's test is not run
+    rewrite(
+        toy / "practice" / "exercises" / "901_toy_add" / "problem.md",
+        {'"tests/test_ch00_toy.py"': '"tests/test_ch00_toy.py", "tests/test_ch01_more.py"'},
+    )
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert "tests/test_ch01_more.py is not in chapter 0's tree" in out.stdout, out.stdout
+
+
+def test_list_sends_a_newcomer_to_the_easiest_exercise_first(tmp_path):
+    (tmp_path / "practice").mkdir()  # the book's exercises, and no progress yet
+    (tmp_path / "practice" / "exercises").symlink_to(REPO / "practice" / "exercises")
+    out = subprocess.run(
+        [sys.executable, str(JUDGE), "--root", str(tmp_path), "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    first = out.stdout.splitlines()[0]
+    assert first.startswith("New here? Start with 171, DecodeManager"), out.stdout
+    assert "(easy, chapter 7): python practice/judge.py start 171" in first

@@ -1,6 +1,6 @@
 """tools.closure: which files of a chapter's tree a test file can run."""
 
-from tools.closure import closure, imported_modules
+from tools.closure import closure, fixtures_seen, imported_modules
 
 TREE = {
     "tests/conftest.py": "import minisgl.utils\n\ndef fixture():\n    import minisgl.engine\n",
@@ -53,3 +53,37 @@ def test_a_package_that_discovers_its_modules_imports_them_all():
     reached = closure("tests/test_kernel.py", TREE)
     assert {"minisgl/kernel/triton.py", "minisgl/kernel/deep/__init__.py"} <= reached
     assert "minisgl/sampler.py" in reached  # through the discovered module's own import
+
+
+def test_a_module_run_as_a_process_is_in_the_closure():
+    text = 'import subprocess\nsubprocess.run([sys.executable, "-m", "minisgl", "--port", "1"])\n'
+    assert imported_modules("tests/test_server.py", text) == {"minisgl", "minisgl.__main__"}
+
+
+CONFTEST = """\
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    pass
+
+
+@pytest.fixture
+def model_path():
+    return 1
+
+
+@pytest.fixture
+def server(model_path):  # a later chapter's fixture
+    return model_path
+"""
+
+
+def test_a_test_file_sees_only_the_fixtures_it_can_use():
+    plain = fixtures_seen(CONFTEST, "def test_a(tmp_path):\n    pass\n")
+    assert "def seed" in plain and "model_path" not in plain and "server" not in plain
+    served = fixtures_seen(CONFTEST, "def test_b(server):\n    pass\n")
+    assert "def server" in served and "def model_path" in served  # through server's argument
+    without = CONFTEST[: CONFTEST.index("\n\n@pytest.fixture\ndef server")] + "\n"
+    assert fixtures_seen(without, "def test_a(tmp_path):\n    pass\n") == plain

@@ -296,7 +296,9 @@ def test_tree_macro_draws_this_chapters_tree_from_the_manifests_under_the_root(p
     toml = project / "chapters" / "ch07_demo" / "chapter.toml"
     toml.write_text(toml.read_text() + 'early = { "minisgl/later.py" = "eight" }\n')
     error = render(project, "@@tree@@").errors[0]
-    assert "the tree of chapter 7" in error and "early file 'minisgl/later.py' needs a table" in error
+    assert (
+        "the tree of chapter 7" in error and "early file 'minisgl/later.py' needs a table" in error
+    )
 
 
 def test_upstream_macro_links_the_pinned_commit_and_lines(project):

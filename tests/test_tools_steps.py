@@ -436,3 +436,23 @@ def test_command_line_show_and_changes_give_a_chapters_version_and_diff(tmp_path
     out = capsys.readouterr().out
     assert "chapter 3 brings in 7 file(s):\n  minisgl/engine/__init__.py" in out
     assert "and edits 1:\n--- minisgl/core.py" in out and "\n+y = 2  # " + "+ch03" in out
+
+
+def test_show_refuses_a_file_the_chapter_has_not_brought_in(tmp_path, capsys):
+    root = make_repo(tmp_path)
+    assert steps.main(["--root", str(root), "show", "2", "minisgl/engine/engine.py"]) == 2
+    assert "not in chapter 2's tree (chapter 3 brings it in)" in capsys.readouterr().err
+
+
+def test_run_gives_a_chapters_main_its_own_tree_and_arguments(tmp_path, capfd):
+    root = make_repo(tmp_path)
+    main = (
+        "import sys\nimport minisgl.core\nprint(open(minisgl.core.__file__).read(), sys.argv[1:])\n"
+    )
+    (root / "examples/ch02_layers.py").write_text(main)
+    (root / "examples/ch03_engine.py").write_text(main)
+    assert steps.main(["--root", str(root), "run", "2"]) == 0
+    assert capfd.readouterr().out == "x = 1\n []\n"  # chapter 2's version of core.py
+    assert steps.main(["--root", str(root), "run", "3", "--flag"]) == 0
+    assert capfd.readouterr().out == "x = 1\ny = 2  # " + "+ch03\n ['--flag']\n"
+    assert steps.main(["--root", str(root), "run", "9"]) == 2

@@ -1,23 +1,23 @@
 """What an example printed under ``tools.steps check``, kept for ``tools.outputs --check``.
 
-``python -m tools.steps check`` runs every chapter main (in its step tree ``build/steps/NN``,
-or in the repository for a ``final_mains`` entry) exactly as ``python -m tools.outputs`` runs
-it to capture its output: same interpreter, the environment of ``ENV``. Each successful
-run's stdout is saved in ``build/steps/stdout/<name>.json`` with a *fingerprint*: the SHA-256
-of every file the run could import or read (everything in the step tree but the generated
-``sitecustomize.py`` and ``check.log``; for a run in the repository, the same top-level
-folders), the size and modification time of every file under ``models/``, the interpreter,
-and the environment variables that change what an engine computes (``RESULT_ENV``,
-``MINISGL_*``).
+``python -m tools.steps check`` runs every chapter main in its chapter's step tree
+(``build/steps/NN``; a ``final_mains`` entry in the repository) exactly as
+``python -m tools.outputs`` runs it to capture its output: the same tree, interpreter and
+environment (``ENV``). Each successful run's stdout is saved in
+``build/steps/stdout/<name>.json`` with a *fingerprint*: the SHA-256 of every file the run
+could import or read (everything in the step tree but the generated ``sitecustomize.py`` and
+``check.log``; for a run in the repository, the same top-level folders), the size and
+modification time of every file under ``models/``, the interpreter, the environment
+variables that change what an engine computes (``RESULT_ENV``, ``MINISGL_*``), and the
+chapter.
 
 ``tools.outputs --check --from-steps`` takes a saved stdout instead of rerunning the example
-only when that fingerprint, recomputed now on the repository's files, is identical: the
-same code, data and settings ran. A step tree holds byte-identical copies of the
-repository's files, and its import guard only *hides* the modules later chapters introduce:
-a run is saved only if it succeeded and the guard hid nothing from it (no ``try: import
-minisgl.x`` fallback taken), so it executed exactly the code a run from the repository root
-executes. What it printed can still differ where the output shows the working directory (an
-absolute path): such a capture would be reported stale, never pass wrongly.
+only when that fingerprint, recomputed now from the repository's files as that chapter cuts
+them (tools/versions.py), is identical: the same code, data and settings ran. A run is saved
+only if it succeeded and the step tree's import guard hid nothing from it (no
+``try: import minisgl.x`` fallback taken). What it printed can still differ where the output
+shows the working directory (an absolute path): such a capture would be reported stale,
+never pass wrongly.
 """
 
 from __future__ import annotations
@@ -80,10 +80,33 @@ def _settings() -> Dict[str, str]:
     return {"python": sys.executable, **dict(sorted(env.items()))}
 
 
-def fingerprint(base: Path, tops: Iterable[str], root: Path) -> dict:
+def fingerprint(base: Path, tops: Iterable[str], root: Path, chapter: Optional[int] = None) -> dict:
     """What a run of an example in ``base`` depends on (see the module docstring): the files
-    under ``tops`` of ``base``, the models of ``root``, the interpreter and settings."""
-    return {"files": _file_hashes(base, tops), "models": _models(root), "settings": _settings()}
+    under ``tops`` of ``base``, the models of ``root``, the interpreter and settings, and the
+    ``chapter`` whose tree ``base`` is (None: the repository itself)."""
+    return {
+        "files": _file_hashes(base, tops),
+        "models": _models(root),
+        "settings": _settings(),
+        "chapter": chapter,
+    }
+
+
+def _versions_now(root: Path, files: Iterable[str], chapter: Optional[int]) -> Dict[str, str]:
+    """``{relative path: sha256}`` of chapter ``chapter``'s version of each file of the
+    repository (the file itself for None, and for the book's own ``tools/``)."""
+    from tools import versions
+
+    out: Dict[str, str] = {}
+    for rel in files:
+        path = root / rel
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if chapter is not None and rel.endswith(".py") and not rel.startswith("tools/"):
+            data = versions.version(data.decode("utf-8"), chapter, rel).encode("utf-8")
+        out[rel] = hashlib.sha256(data).hexdigest()
+    return out
 
 
 def _path(root: Path, name: str) -> Path:
@@ -106,14 +129,14 @@ def forget(root: Path, name: str) -> None:
 
 def load(root: Path, name: str) -> Optional[str]:
     """The saved stdout of ``examples/<name>.py`` if its fingerprint still holds for the
-    repository at ``root`` (same files, models, interpreter and settings); else None."""
+    repository at ``root`` (same files, as the run's chapter cuts them, models, interpreter
+    and settings); else None."""
     try:
         saved = json.loads(_path(root, name).read_text(encoding="utf-8"))
         stdout, then = saved["stdout"], saved["fingerprint"]
         if f"examples/{name}.py" not in then["files"]:
             return None
-        tops = {rel.split("/")[0] for rel in then["files"]}
-        now_files = _file_hashes(root, tops)
+        now_files = _versions_now(root, then["files"], then.get("chapter"))
         if any(now_files.get(rel) != digest for rel, digest in then["files"].items()):
             return None
         if then["models"] != _models(root) or then["settings"] != _settings():

@@ -7,9 +7,12 @@ reach changed. The closure follows every ``import`` and ``from ... import`` of t
 own packages (``minisgl``, ``tests``), the ones inside functions included and the ones under
 ``if TYPE_CHECKING:`` left out; importing a module imports its packages' ``__init__``; a
 package that finds its modules at run time (``pkgutil.iter_modules``, a ``Registry`` given
-its package) counts as importing all of them; and ``tests/conftest.py`` is in every closure,
-with its module-level imports (a fixture's own imports run only for the tests that ask for it,
-and those import what they drive).
+its package) counts as importing all of them; a ``"-m", "minisgl..."`` in the text (a test
+that starts the engine as a process) imports that module and its ``__main__``; and
+``tests/conftest.py`` is in every closure, with its module-level imports (a fixture's own
+imports run only for the tests that ask for it, and those import what they drive).
+``fixtures_seen`` is the part of the conftest a test file can reach: the fixtures it names
+and the autouse ones, so a chapter that adds a fixture reruns only the tests that use it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Dict, Iterable, List, Set
 ROOTS = ("minisgl", "tests")  # the packages of a step tree whose imports are followed
 ALWAYS = ("tests/conftest.py",)
 _DISCOVERS = re.compile(r"pkgutil\.iter_modules|package=__name__|package=__package__")
+_RUN_MODULE = re.compile(r"""["']-m["'],\s*["']((?:minisgl|tests)(?:\.\w+)*)["']""")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 def _type_checking_lines(tree: ast.AST) -> Set[int]:
@@ -70,6 +75,8 @@ def imported_modules(path: str, text: str, top_level_only: bool = False) -> Set[
                 module = node.module or ""
             found.add(module)
             found.update(f"{module}.{alias.name}" for alias in node.names)
+    for module in _RUN_MODULE.findall(text):  # python -m <module> in a child process
+        found.update({module, f"{module}.__main__"})
     return {m for m in found if m.split(".")[0] in ROOTS}
 
 
@@ -113,3 +120,41 @@ def closure(start: str, texts: Dict[str, str]) -> Set[str]:
                 and str(PurePosixPath(p).parent.parent) == folder
             ]
     return seen
+
+
+def _is_fixture(node: ast.FunctionDef) -> tuple[bool, bool]:
+    """(is a pytest fixture, is autouse)."""
+    for d in node.decorator_list:
+        text = ast.unparse(d)
+        if "fixture" in text:
+            return True, "autouse=True" in text.replace(" ", "")
+    return False, False
+
+
+def fixtures_seen(conftest: str, user: str) -> str:
+    """The conftest as the test file ``user`` (its text) sees it: without the fixtures it
+    names nowhere, directly or through a fixture it uses, unless they are autouse; comments
+    and blank lines left out (``ast.unparse``)."""
+    try:
+        tree = ast.parse(conftest)
+    except SyntaxError:
+        return conftest
+    fixtures = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            is_fixture, autouse = _is_fixture(node)
+            if is_fixture:
+                fixtures[node.name] = (node, autouse)
+    wanted = set(_WORD.findall(user)) | {n for n, (_, auto) in fixtures.items() if auto}
+    kept: Set[str] = set()
+    while True:
+        new = {n for n in fixtures if n in wanted and n not in kept}
+        if not new:
+            break
+        kept |= new
+        for name in new:
+            wanted |= {a.arg for a in fixtures[name][0].args.args}
+    tree.body = [
+        n for n in tree.body if not (getattr(n, "name", None) in fixtures and n.name not in kept)
+    ]
+    return ast.unparse(tree)

@@ -7,9 +7,12 @@
     python -m tools.outputs --list            # which examples are captured, and how checked
 
 Which examples: every chapter's `main` and `extra_mains` (chapters/chNN_<slug>/chapter.toml), and any
-examples/*.py with a line `# capture-output`. Each runs as `python examples/<name>.py` from
-the repository root (PYTHONPATH=., PYTHONHASHSEED=0); its stdout, and only its stdout, is
-the output. An example that exits non-zero is reported (exit 1) and its old output kept; a
+examples/*.py with a line `# capture-output`. A chapter's main runs in that chapter's tree, the
+engine as the chapter leaves it (tools/steps.py `write_tree`, into a temporary folder: what
+`python -m tools.steps run N` runs and the book's listings show); a `final_mains` entry or a
+`# capture-output` example runs from the repository root. Each runs as
+`python examples/<name>.py` (PYTHONPATH its tree, PYTHONHASHSEED=0); its stdout, and only its
+stdout, is the output. An example that exits non-zero is reported (exit 1) and its old output kept; a
 main that is not written yet is skipped with a note.
 
 Nondeterministic output is declared in the example itself, by a comment line:
@@ -49,9 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
-from tools import captured
+from tools import captured, steps
 from tools.docs.chapters import load_chapters
 from tools.jobs import in_order
+from tools.manifest import load_manifests
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +75,7 @@ class Example:
     deterministic: bool = True
     masks: List[str] = field(default_factory=list)
     trace: bool = False  # also writes outputs/traces/<name>.json
+    chapter: Optional[int] = None  # runs in this chapter's tree (None: the repository)
 
     def normalise(self, text: str) -> str:
         for pattern in self.masks:
@@ -81,6 +86,12 @@ class Example:
 def discover(root: Path) -> List[Example]:
     """Chapter mains plus `# capture-output` examples, sorted by name."""
     paths = {(root / main).resolve() for ch in load_chapters(root) for main in ch.mains}
+    chapter_of = {
+        (root / p).resolve(): m.number
+        for m in load_manifests(root)
+        for p in [m.main, *m.extra_mains]
+        if p not in m.final_mains
+    }
     for p in sorted((root / "examples").glob("*.py")) if (root / "examples").is_dir() else []:
         if CAPTURE.search(p.read_text(encoding="utf-8")):
             paths.add(p.resolve())
@@ -94,6 +105,7 @@ def discover(root: Path) -> List[Example]:
                 not NONDETERMINISTIC.search(text),
                 MASK.findall(text),
                 bool(TRACE.search(text)),
+                chapter_of.get(p),
             )
         )
     return examples
@@ -104,25 +116,30 @@ def run(example: Example, root: Path, timeout: float, trace: Optional[Path] = No
     RuntimeError (with the stderr tail) if it fails or times out."""
     if not example.path.is_file():
         raise RuntimeError(f"{example.path.relative_to(root)} does not exist")
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        ),
-        **captured.ENV,
-    )
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(example.path.relative_to(root))]
-            + ([] if trace is None else ["--trace", str(trace)]),
-            cwd=root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+    with tempfile.TemporaryDirectory(prefix=f"{example.name}-") as tmp:
+        where = root
+        if example.chapter is not None:  # the engine as the example's chapter leaves it
+            where = Path(tmp)
+            steps.write_tree(example.chapter, load_manifests(root), root, where)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(where), os.environ.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
+            **captured.ENV,
         )
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"timed out after {timeout:.0f} s") from e
+        try:
+            proc = subprocess.run(
+                [sys.executable, str(example.path.relative_to(root))]
+                + ([] if trace is None else ["--trace", str(trace.resolve())]),
+                cwd=where,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"timed out after {timeout:.0f} s") from e
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().split("\n")[-15:])
         raise RuntimeError(f"exited with {proc.returncode}:\n{tail}")

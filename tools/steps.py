@@ -5,6 +5,7 @@
     python -m tools.steps tree 7 --format markdown
     python -m tools.steps show 7 minisgl/scheduler/scheduler.py   # chapter 7's version of a file
     python -m tools.steps changes 11        # what chapter 11 changed: new files, and diffs
+    python -m tools.steps run 7 [--trace t.json]   # chapter 7's main in chapter 7's tree
     python -m tools.steps check             # every chapter (plus the static checks)
     python -m tools.steps check 5 6 --jobs 2
     python -m tools.steps check --static-only   # manifests and every version, nothing run
@@ -23,7 +24,8 @@ kept in ``build/steps/stdout/`` with a fingerprint of what it ran (tools/capture
 ``python -m tools.outputs --check --from-steps``.
 
 Importable API (the manifest's, from tools/manifest.py, plus the check run): load_manifests,
-files_so_far, render_tree, static_problems, Manifest, build_step, check_chapter, diagnose.
+files_so_far, render_tree, static_problems, Manifest, tree_paths, write_tree, build_step,
+check_chapter, diagnose.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ if not __package__:  # run as `python tools/steps.py` (DESIGN.md's form): the re
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from tools import captured, version_checks, versions
-from tools.closure import closure
+from tools.closure import ALWAYS, closure, fixtures_seen
 from tools.jobs import in_order
 from tools.manifest import (
     ENGINE,
@@ -63,6 +65,8 @@ __all__ = [
     "files_so_far",
     "render_tree",
     "static_problems",
+    "tree_paths",
+    "write_tree",
     "build_step",
     "check_chapter",
     "diagnose",
@@ -85,6 +89,7 @@ VERSIONED_INFRASTRUCTURE = [p for p in INFRASTRUCTURE if p.endswith(".py")]
 # Linked into every step tree: large generated data.
 LINKED = ["models"]
 TAIL_LINES = 25  # lines of a failing command's output shown in the report
+EARLIER = "earlier tests"  # the label of the command that runs earlier chapters' tests again
 
 GUARD = '''\
 # Written by `python -m tools.steps`: this folder is one step of the book's tree. Make
@@ -194,18 +199,22 @@ def _write_version(root: Path, rel: str, n: int, dest: Path) -> None:
         shutil.copy2(src, out)
 
 
-def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, list[str]]:
-    """Create ``build/steps/NN`` from chapters 0..n; return it and the files that were missing."""
-    dest = step_dir(n, root)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+def tree_paths(n: int, manifests: list[Manifest]) -> list[str]:
+    """The files of chapter ``n``'s tree (its and the earlier chapters' files, mains and
+    tests), in order of introduction; the infrastructure comes on top (INFRASTRUCTURE)."""
     wanted: dict[str, None] = {}
     for m in manifests:
         if m.number <= n:
             wanted.update(dict.fromkeys(m.tree_files))
+    return list(wanted)
+
+
+def write_tree(n: int, manifests: list[Manifest], root: Path, dest: Path) -> list[str]:
+    """Write chapter ``n``'s tree into the empty folder ``dest``: every file of
+    ``tree_paths`` and the infrastructure as chapter ``n`` leaves it, ``models/`` linked, and
+    the guard that keeps ``import minisgl`` inside ``dest``. Returns the files missing."""
     missing = []
-    for rel in wanted:
+    for rel in tree_paths(n, manifests):
         if (root / rel).exists():
             _write_version(root, rel, n, dest)
         else:
@@ -219,7 +228,16 @@ def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, lis
         if (root / rel).exists():
             (dest / rel).symlink_to((root / rel).resolve(), target_is_directory=True)
     (dest / "sitecustomize.py").write_text(GUARD.format(step=str(dest)))
-    return dest, missing
+    return missing
+
+
+def build_step(n: int, manifests: list[Manifest], root: Path) -> tuple[Path, list[str]]:
+    """Create ``build/steps/NN`` from chapters 0..n; return it and the files that were missing."""
+    dest = step_dir(n, root)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    return dest, write_tree(n, manifests, root, dest)
 
 
 # ---------------------------------------------------------------------------- diagnosis
@@ -371,10 +389,13 @@ def _run_commands(
         misses.unlink(missing_ok=True)
         env = {**captured.ENV, "STEP_GUARD_MISSES": str(misses)} if main else None
         rc, out, stdout = _run(cmd, cwd, timeout, env)
+        if label == EARLIER and rc == 5:  # pytest collected nothing: all of it marked slow
+            rc = 0
         if main:
             name = Path(label).stem
             if rc == 0 and not misses.exists():  # it ran, and the guard hid no module from it
-                captured.save(root, name, stdout, captured.fingerprint(cwd, tops, root))
+                chapter = None if cwd == root else n
+                captured.save(root, name, stdout, captured.fingerprint(cwd, tops, root, chapter))
             else:
                 captured.forget(root, name)
             misses.unlink(missing_ok=True)
@@ -405,7 +426,13 @@ def earlier_tests(n: int, manifests: list[Manifest], root: Path) -> tuple[list[s
     rerun = []
     for test in tests:
         now, before = closure(test, texts[n]), closure(test, texts[prev])
-        if now != before or any(texts[n][f] != texts[prev][f] for f in now):
+
+        def seen(path: str, k: int) -> str:
+            if path in ALWAYS:  # the conftest: only the fixtures this test file can use
+                return fixtures_seen(texts[k][path], texts[k][test])
+            return texts[k][path]
+
+        if now != before or any(seen(f, n) != seen(f, prev) for f in now):
             rerun.append(test)
     return tests, rerun
 
@@ -416,9 +443,11 @@ def check_chapter(
     root: Path | None = None,
     timeout: float = 1800,
     earlier: bool = True,
+    quick_earlier: bool = False,
 ) -> Outcome:
     """Build ``build/steps/NN`` and run chapter n's mains and tests in it, and (``earlier``)
-    the earlier chapters' tests that reach something chapter n changed."""
+    the earlier chapters' tests that reach something chapter n changed (``quick_earlier``:
+    without those marked slow, and none in the last chapter)."""
     root = root or ROOT
     start = time.monotonic()
     m = get_manifest(n, manifests)
@@ -449,10 +478,12 @@ def check_chapter(
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         if tests:
             commands.append(("tests", [*pytest, *tests]))
-        if earlier:
+        last = n == manifests[-1].number  # its tree is the repository's: `make test` runs them
+        if earlier and not (quick_earlier and last):
             before, rerun = earlier_tests(n, manifests, root)
+            quick = ["-m", "not slow and not browser"] if quick_earlier else []
             if rerun:
-                commands.append(("earlier tests", [*pytest, *rerun]))
+                commands.append((EARLIER, [*pytest, *quick, *rerun]))
             outcome.notes.append(
                 f"{len(rerun)} of {len(before)} earlier chapters' test files run again; "
                 "the rest reach nothing this chapter changed"
@@ -515,6 +546,20 @@ def cmd_list(manifests: list[Manifest]) -> int:
     return 0
 
 
+def cmd_run(n: int, argv: list[str], manifests: list[Manifest], root: Path) -> int:
+    """Build chapter ``n``'s tree and run its main there with ``argv``: what the chapter's
+    page shows (``tools.outputs`` captures it the same way)."""
+    try:
+        m = get_manifest(n, manifests)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    where = root if m.main in m.final_mains else build_step(n, manifests, root)[0]
+    print(f"$ python {m.main} {' '.join(argv)}   (in {where})", file=sys.stderr, flush=True)
+    env = _env(where, captured.ENV)
+    return subprocess.run([sys.executable, m.main, *argv], cwd=where, env=env).returncode
+
+
 def cmd_changes(n: int, manifests: list[Manifest], root: Path) -> int:
     """Print the files chapter ``n`` brings in and the diff of every file it edits."""
     import difflib
@@ -564,7 +609,12 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         return 2
 
     jobs: list[tuple[str, object]] = [
-        (m.name, lambda m=m: check_chapter(m.number, manifests, root, args.timeout, args.earlier))
+        (
+            m.name,
+            lambda m=m: check_chapter(
+                m.number, manifests, root, args.timeout, args.earlier, args.quick_earlier
+            ),
+        )
         for m in chosen
     ]
     if not args.no_final:
@@ -608,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("path")
     changes = sub.add_parser("changes", help="what chapter N changed: new files, and diffs")
     changes.add_argument("chapter", type=int)
+    run = sub.add_parser("run", help="chapter N's main, run in chapter N's tree")
+    run.add_argument("chapter", type=int)
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the main")
     tree = sub.add_parser("tree", help="the files so far at chapter N")
     tree.add_argument("chapter", type=int)
     tree.add_argument("--format", choices=["text", "markdown"], default="text")
@@ -638,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="run only each chapter's own tests, not the earlier chapters' again",
     )
+    check.add_argument(
+        "--quick-earlier",
+        action="store_true",
+        help="run the earlier chapters' tests again without those marked slow, and not in the "
+        "last chapter, whose tree is the repository's (CI: `make test` runs them all there)",
+    )
     args = parser.parse_args(argv)
 
     root = args.root.resolve()
@@ -646,11 +705,21 @@ def main(argv: list[str] | None = None) -> int:
         if not (root / args.path).is_file():
             print(f"error: no file {args.path}", file=sys.stderr)
             return 2
+        first = Book(manifests, root, VERSIONED_INFRASTRUCTURE).introduced.get(args.path)
+        if first is not None and first > args.chapter:
+            print(
+                f"error: {args.path} is not in chapter {args.chapter}'s tree "
+                f"(chapter {first} brings it in)",
+                file=sys.stderr,
+            )
+            return 2
         text = (root / args.path).read_text(encoding="utf-8")
         print(versions.version(text, args.chapter, args.path), end="")
         return 0
     if args.command == "changes":
         return cmd_changes(args.chapter, manifests, root)
+    if args.command == "run":
+        return cmd_run(args.chapter, args.args, manifests, root)
     if args.command == "list":
         return cmd_list(manifests)
     if args.command == "tree":

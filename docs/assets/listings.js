@@ -1,16 +1,7 @@
-// Listings, on every page of the site (mkdocs.yml extra_javascript).
-// 1. A wrapped line gets a hanging indent: its own indentation plus four columns (extra.css
-//    reads --hang). Lines are the spans pymdownx.highlight writes (line_spans: __span).
-// 2. On a source page (source/<path>/), #L10-L20 marks lines 10 to 20 and scrolls to them;
-//    #L10 alone needs no script (its anchor is the line's id, marked by :target).
+// Listings, on every page of the site (mkdocs.yml extra_javascript): on a source page
+// (source/<path>/), #L10-L20 marks lines 10 to 20 and scrolls to them; #L10 alone needs no
+// script (its anchor is the line's id, marked by :target).
 (function () {
-  function hang(root) {
-    root.querySelectorAll('pre > code > span[id^="__span-"]').forEach(function (line) {
-      var indent = /^[ ]*/.exec(line.textContent)[0].length;
-      line.style.setProperty("--hang", String(indent + 4));
-    });
-  }
-
   function markRange() {
     document.querySelectorAll(".source-hl").forEach(function (line) {
       line.classList.remove("source-hl");
@@ -28,7 +19,6 @@
   }
 
   function start() {
-    hang(document);
     if (document.querySelector(".source-listing")) {
       markRange();
       window.addEventListener("hashchange", markRange);

@@ -142,9 +142,8 @@ class SplitKVBackend(BaseAttnBackend):
         # <<< ch20
 
     def path(self, batch: Batch) -> Optional[DecodePath]:
-        """Where ``batch`` runs: ``"split"`` for a decode of at most ``FUSED_DECODE_MAX_BS``
-        requests in an engine whose requests are at most ``SPLIT_KV_MAX_SEQ_LEN`` tokens long;
-        None (the fallback) for every other batch."""
+        """Which of this backend's decode paths runs ``batch`` (``_path`` decides by its
+        padded size), or None: a prefill, or a batch the fallback backend runs."""
         return self._path(batch.padded_size) if batch.is_decode else None
 
     def _path(self, bs: int) -> Optional[DecodePath]:

@@ -1,4 +1,4 @@
-"""Time one layer's decode attention: FlashInfer's two decode kernels and the batch kernel (chapter 19).
+"""Time one layer's decode attention: FlashInfer's two decode kernels and the batch kernel (chapter 20).
 
     python -m minisgl.benchmark.decode_attention                       # 8 to 256 requests
     python -m minisgl.benchmark.decode_attention --cases 64x1024 256x559r

@@ -59,9 +59,9 @@ class ForwardOutput(NamedTuple):
 
 
 class Engine:
-    """One model, its KV pool and page table, an attention backend, a sampler and, on a GPU,
-    the decode CUDA graphs. ``__init__`` builds them in the order each needs the one before;
-    ``startup_seconds`` says where the time went."""
+    """One model, its KV pool and page table, an attention backend and a sampler.
+    ``__init__`` builds them in the order each needs the one before; ``startup_seconds`` says
+    where the time went."""
 
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
@@ -96,8 +96,7 @@ class Engine:
 
     # ---- start-up, step by step -------------------------------------------------------------
     def _init_device_and_ranks(self) -> None:
-        """The device, the engine's stream and the global context every layer reads (and,
-        with several ranks, this rank's place among them)."""
+        """The device, the engine's stream and the global context every layer reads."""
         config = self.config
         self.device = check_device(config.device) if config.device else default_device()
         # >>> ch16: rank r uses GPU r; with several ranks, this blocks until all have joined
@@ -170,9 +169,8 @@ class Engine:
 
     # >>> ch19
     def _fuse_decode(self, model: BaseLLMModel) -> BaseLLMModel:
-        """Decode steps of a few requests on the fused path (and the attention of large ones
-        from qkv), where its Triton kernels run (``models/fused_decode.py``); any other
-        model is returned as is."""
+        """The model wrapped for the fused decode path (``models/fused_decode.py``) where its
+        Triton kernels run; any other model is returned as is."""
         if not has_kernel("norm_linear", "triton", self.device):
             return model
         from minisgl.models.fused_decode import FusedDecodeLM, fusable

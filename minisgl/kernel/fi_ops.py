@@ -156,9 +156,15 @@ def _sample_fits(logits: torch.Tensor, *_: Any) -> bool:
     return logits.dtype in HALF  # a float32 model keeps the torch sampler, run for run
 
 
-register_library(Library("flashinfer", 50, runs_on))
-register("rms_norm", Impl("flashinfer", rms_norm, _rms_norm_fits))
-register("fused_add_rms_norm", Impl("flashinfer", fused_add_rms_norm, _add_rms_norm_fits))
-register("silu_and_mul", Impl("flashinfer", silu_and_mul, _silu_and_mul_fits))
-register("apply_rotary", Impl("flashinfer", apply_rotary, _rotary_fits))
-register("sample", Impl("flashinfer", sample, _sample_fits))
+def register_flashinfer() -> None:
+    """FlashInfer into the kernel table: the library, ranked ahead of torch (100), and one
+    implementation per op, each with the check of what its kernel takes."""
+    register_library(Library("flashinfer", 50, runs_on))
+    register("rms_norm", Impl("flashinfer", rms_norm, _rms_norm_fits))
+    register("fused_add_rms_norm", Impl("flashinfer", fused_add_rms_norm, _add_rms_norm_fits))
+    register("silu_and_mul", Impl("flashinfer", silu_and_mul, _silu_and_mul_fits))
+    register("apply_rotary", Impl("flashinfer", apply_rotary, _rotary_fits))
+    register("sample", Impl("flashinfer", sample, _sample_fits))
+
+
+register_flashinfer()

@@ -16,7 +16,7 @@ class DecodeManager:
 
     def filter_reqs(self, reqs: Iterable[Req]) -> None:
         """After a forward pass: merge this step's requests in, keep those that can still
-        generate (a just-prefilled request joins here; a chunk never does)."""
+        generate (``can_decode``; a just-prefilled request joins here)."""
         self.running_reqs = {req for req in self.running_reqs.union(reqs) if req.can_decode}
 
     def remove_req(self, req: Req) -> None:

@@ -349,8 +349,8 @@ def _make_write_tuple(batch: Batch, device: torch.device) -> Indice2D:
     """Where each sampled token goes: ``token_pool[table_idx, device_len]``.
 
     ``device_len`` is read before ``forward_batch`` increments it, so it is exactly the new
-    token's position. Column -1 (the row's last) for a request that cannot decode, in
-    practice a chunk: nothing reads that sample, as a position is written before it is an input.
+    token's position. Column -1 (the row's last) for a request that cannot decode: nothing
+    reads that sample, as a position is written before it is an input.
     """
     rows = torch.tensor([r.table_idx for r in batch.reqs], dtype=torch.int64)
     cols = torch.tensor(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 import time
 import weakref
 from pathlib import Path
@@ -326,8 +327,13 @@ class TraceRecorder:
             "steps": self.steps,
         }
 
-    def save(self, path: str | Path, **meta: Any) -> Path:
-        """Write ``document(**meta)`` to ``path`` (compact JSON, one line per step)."""
+    def save(self, path: str | Path, run: str | None = None, **meta: Any) -> Path:
+        """Write ``document(**meta)`` to ``path`` (compact JSON, one line per step). With
+        ``run``, the run of an example the trace holds ("the chunked run"), also kept in
+        ``meta``: say on stderr where the trace went and how to view it (stderr, so that the
+        example's stdout stays the output the book shows)."""
+        if run is not None:
+            meta = {"run": run, **meta}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = self.document(**meta)
@@ -335,4 +341,9 @@ class TraceRecorder:
         head = json.dumps(doc, separators=(",", ":"))[:-1]
         body = ",\n".join(json.dumps(st, separators=(",", ":")) for st in steps)
         path.write_text(f'{head},"steps":[\n{body}\n]}}\n', encoding="utf-8")
+        if run is not None:
+            print(
+                f"wrote the trace of {run} to {path}; view it: python -m tools.trace_view {path}",
+                file=sys.stderr,
+            )
         return path

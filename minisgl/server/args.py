@@ -12,6 +12,7 @@ from typing import List, Tuple
 import torch
 
 from minisgl.distributed import DistributedInfo  # +ch16
+from minisgl.kvcache import PREFIX_CACHES
 from minisgl.layers.shard import check_tp_size  # +ch16
 from minisgl.models import ModelConfig  # +ch16
 from minisgl.scheduler import SchedulerConfig
@@ -131,7 +132,7 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         "--moe-backend", default=ServerArgs.moe_backend, help="MoE models: torch, fused or auto"
     )
     # <<< ch21
-    p.add_argument("--cache-type", choices=["radix", "naive"], default=ServerArgs.cache_type)
+    p.add_argument("--cache-type", choices=PREFIX_CACHES.names(), default=ServerArgs.cache_type)
     # >>> ch18
     p.add_argument(
         "--cuda-graph-max-bs",

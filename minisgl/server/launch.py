@@ -94,7 +94,9 @@ def _scheduler_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
         pass
     finally:
         if recorder is not None:
-            recorder.save(args.trace_path, source="python -m minisgl")
+            recorder.save(
+                args.trace_path, run="this server's whole run", source="python -m minisgl"
+            )
         if scheduler is not None:
             scheduler.stop_io()
     _exit_now()

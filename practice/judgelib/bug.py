@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from . import broken
+from . import broken, chapter
 from .judging import rel
 from .problems import Problem
 
@@ -39,7 +39,7 @@ def cmd_bug(root: Path, problem: Problem, variant: Optional[int], reveal: bool, 
     if not problem.wrong_answers:
         print(f"exercise {problem.id} has no known bugs (no broken/*.toml)")
         return 2
-    engine = (root / problem.module).read_text(encoding="utf-8")
+    engine = chapter.engine_source(root, problem)
     if reveal:
         try:
             chosen = Path(json.loads(state.read_text(encoding="utf-8"))["variant"])
@@ -56,7 +56,7 @@ def cmd_bug(root: Path, problem: Problem, variant: Optional[int], reveal: bool, 
             planted.splitlines(keepends=True),
             engine.splitlines(keepends=True),
             f"bug_{problem.workspace_name} (planted)",
-            f"{problem.module} (the engine)",
+            f"{problem.module} (chapter {problem.chapter}'s engine)",
             n=2,
         )
         print("".join(diff), end="")

@@ -1,6 +1,7 @@
 """`judge.py check`: the maintainer's proof that every exercise is sound.
 
-For each exercise, from the engine module as it is in this checkout: the starter is
+For each exercise, from the engine module as the exercise's chapter leaves it (chapter.py),
+and in that chapter's tree: every test problem.md names is in the tree; the starter is
 generated (starter.py; a symbol the module no longer has fails here, naming it), compiles,
 and has the engine's public signatures and docstrings; the engine's own module is
 Accepted; the starter is not; and every known wrong answer (``broken/<name>.toml``,
@@ -36,9 +37,16 @@ from typing import List, Optional
 
 from tools.jobs import in_order
 
-from . import broken
+from . import broken, chapter
 from . import problems as P
-from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, record_reference_times
+from .judging import (
+    NEEDS_GPU,
+    Options,
+    cannot_judge,
+    chapter_tests,
+    judge_file,
+    record_reference_times,
+)
 from .signatures import drift
 from .starter import StarterError, starter_source
 from .verdict import ACCEPTED, TOO_SLOW, compile_check
@@ -58,14 +66,22 @@ def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
     """The files to judge: the engine's module, the generated starter, each wrong answer.
     Static problems (a starter that cannot be made or drifted, a stale wrong answer) go to
     ``errors``."""
-    engine = root / p.module
-    runs = [Run("engine", engine, True)]
+    try:
+        engine = chapter.engine_source(root, p)
+    except chapter.ChapterError as e:
+        errors.append(str(e))
+        return []
+    file = tmp / "engine.py"
+    file.write_text(engine, encoding="utf-8")
+    runs = [Run("engine", file, True)]
+    _, absent = chapter_tests(root, p, Options())
+    errors += [f"{t} is not in chapter {p.chapter}'s tree" for t in absent]
     try:
         starter = starter_source(root, p)
     except StarterError as e:
         errors.append(f"no starter: {e}")
         return runs
-    problems, notes = drift(starter, engine.read_text(encoding="utf-8"))
+    problems, notes = drift(starter, engine)
     errors += [f"drift: {x}" for x in problems]
     for note in notes:
         print(f"    note (private, not failing): {note}")
@@ -81,7 +97,7 @@ def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
         try:
             wrong = broken.load(path)
             file = tmp / f"broken_{path.stem}.py"
-            file.write_text(wrong.apply(engine.read_text(encoding="utf-8"), p.module), "utf-8")
+            file.write_text(wrong.apply(engine, p.module), "utf-8")
         except broken.WrongAnswerError as e:
             errors.append(str(e))
             continue
@@ -95,7 +111,7 @@ def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
         try:
             slow = broken.load_slow(path)
             file = tmp / f"slow_{path.stem}.py"
-            file.write_text(slow.apply(engine.read_text(encoding="utf-8"), p.module), "utf-8")
+            file.write_text(slow.apply(engine, p.module), "utf-8")
         except broken.WrongAnswerError as e:
             errors.append(str(e))
             continue

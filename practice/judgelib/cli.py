@@ -8,6 +8,7 @@ import traceback
 from pathlib import Path
 from typing import List, Optional
 
+from . import chapter
 from . import problems as P
 from .judging import NEEDS_GPU, Options, cannot_judge, judge_file, read_status, rel, write_status
 from .signatures import locate
@@ -81,8 +82,18 @@ def _problem(root: Path, pid: int) -> P.Problem:
         raise SystemExit(f"no exercise {pid}; exercises: {ids or 'none'}") from None
 
 
+FIRST = 171  # the easiest exercise: where the README's first hour sends a newcomer
+
+
 def cmd_list(root: Path) -> int:
     status = read_status(root)
+    problems = P.load_all(root / "practice" / "exercises")
+    first = next((p for p in problems if p.id == FIRST), None)
+    if first is not None and status.get(str(FIRST), {}).get("status") != "accepted":
+        print(
+            f"New here? Start with {first.id}, {first.title} ({first.difficulty}, chapter "
+            f"{first.chapter}): python practice/judge.py start {first.id}\n"
+        )
     rows = [
         (
             str(p.id),
@@ -92,9 +103,7 @@ def cmd_list(root: Path) -> int:
             "GPU" if p.gpu else ("CPU ok, speed on GPU" if p.speed else "CPU ok"),
             status.get(str(p.id), {}).get("status", "not started").replace("_", " "),
         )
-        for p in sorted(
-            P.load_all(root / "practice" / "exercises"), key=lambda p: (p.chapter, p.id)
-        )
+        for p in sorted(problems, key=lambda p: (p.chapter, p.id))
     ]
     head = ("id", "title", "chapter", "difficulty", "device", "status")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
@@ -119,7 +128,10 @@ def cmd_start(root: Path, pid: int, force: bool) -> int:
             return 3
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(starter, encoding="utf-8")
-        print(f"wrote {rel(root, dest)}, made from {problem.module}")
+        print(
+            f"wrote {rel(root, dest)}, made from {problem.module} "
+            f"as chapter {problem.chapter} leaves it"
+        )
         if read_status(root).get(str(pid), {}).get("status") != "accepted":
             write_status(root, pid, "started")
     print()
@@ -215,12 +227,20 @@ def cmd_solution(root: Path, pid: int, yes: bool) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("not shown")
             return 1
-    path = root / problem.module
-    print(f"The reference is the engine itself: {problem.module}")
-    if path.is_file():
-        for sym, first, last in locate(path.read_text(encoding="utf-8"), problem.symbols):
-            print(f"  {sym:<40} {problem.module}:{first}-{last}")
-    print(f"Judge it to see it pass: python practice/judge.py {pid} --file {problem.module}")
+    n, module = problem.chapter, problem.module
+    try:
+        source = chapter.engine_source(root, problem)
+    except chapter.ChapterError as e:
+        print(e)
+        return 2
+    dest = root / "practice" / "workspace" / f"reference_{problem.workspace_name}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(source, encoding="utf-8")
+    print(f"The reference is the engine itself, as chapter {n} leaves {module}: {rel(root, dest)}")
+    print(f"(python -m tools.steps show {n} {module} prints it too)")
+    for sym, first, last in locate(source, problem.symbols):
+        print(f"  {sym:<40} lines {first}-{last}")
+    print(f"Judge it to see it pass: python practice/judge.py {pid} --file {rel(root, dest)}")
     return 0
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import integrity, runner, sandbox, speed
+from . import chapter, integrity, runner, sandbox, speed
 from .problems import Problem
 from .verdict import (
     COMPILE,
@@ -39,10 +39,15 @@ class Options:
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
-    """(chapter tests to run, those listed in problem.md but absent from this checkout)."""
+    """(chapter tests to run, those listed in problem.md that the chapter's tree lacks)."""
     if opts.quick:
         return [], []
-    present = [t for t in problem.tests if (root / t.split("::")[0]).is_file()]
+    files = set(chapter.tree(root, problem))
+    present = [
+        t
+        for t in problem.tests
+        if t.split("::")[0] in files and (root / t.split("::")[0]).is_file()
+    ]
     return present, [t for t in problem.tests if t not in present]
 
 
@@ -72,7 +77,14 @@ REPO_GUARDED = [
     "conftest.py",
     "pyproject.toml",
 ]
-BOX_GUARDED = ["minisgl", "tests", "tools", "examples", f"{sandbox.PLUGIN_NAME}.py", "conftest.py"]
+BOX_GUARDED = [
+    "minisgl",
+    "tests",
+    "tools",
+    "examples",
+    f"{sandbox.PLUGIN_NAME}.py",
+    "sitecustomize.py",  # the guard that keeps `import minisgl` in the sandbox (tools/steps.py)
+]
 
 
 def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optional[str]:
@@ -83,6 +95,8 @@ def cannot_judge(root: Path, problem: Problem, device: Optional[str]) -> Optiona
         return f"missing {', '.join(missing)} (see the README: make models)"
     if not (root / problem.module).is_file():
         return f"the engine module {problem.module} is not in this checkout"
+    if problem.module not in chapter.tree(root, problem):
+        return f"the engine module {problem.module} is not in chapter {problem.chapter}'s tree"
     if problem.gpu:
         if device == "cpu" or (device is None and not cuda_available()):
             return NEEDS_GPU
@@ -99,9 +113,7 @@ def interpret_triton(problem: Problem, device: Optional[str], env: Dict[str, str
 def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     """How many cases the exercise has, collected with the engine's own module in place."""
     device = opts.device
-    box, targets = sandbox.build(
-        root, problem, root / problem.module, chapter_tests(root, problem, opts)[0]
-    )
+    box, targets = sandbox.build(root, problem, None, chapter_tests(root, problem, opts)[0])
     try:
         env = runner.child_env(
             box, device or "cpu", problem.module_name, box / "events.jsonl", root / "models"
@@ -205,7 +217,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
     time_limit = opts.time_limit or problem.time_limit
     shown = rel(root, file)
     say(f"Judging {problem.id} · {problem.title}")
-    say(f"  file {shown} → {problem.module}")
+    say(f"  file {shown} → {problem.module}, in chapter {problem.chapter}'s engine")
     error = compile_check(file, shown)
     if error is not None:
         v = Verdict(COMPILE, 0, count_cases(root, problem, opts), detail=error)
@@ -216,7 +228,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         return v
     tests, missing = chapter_tests(root, problem, opts)
     for t in missing:
-        say(f"  note: {t} is not in this checkout; judging without it")
+        say(f"  note: {t} is not in chapter {problem.chapter}'s tree; judging without it")
     # what a submission could rewrite: the repository's engine, tests and judge (restored
     # and named after the run), and the sandbox's copies (hashed)
     repo_guard = (

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import List
 
+from . import chapter
 from .integrity import sha256_file
 from .problems import Problem
 from .sandbox import own_test_name
@@ -64,7 +65,11 @@ def make(root: Path, problem: Problem, file: Path, v: Verdict, quick: bool) -> d
         "first_failure": v.case,
         "quick": quick,
         "submission": {"path": str(file), "sha256": sha256_file(file)},
-        "engine_module": {"path": problem.module, "sha256": sha256_file(root / problem.module)},
+        "engine_module": {
+            "path": problem.module,
+            "chapter": problem.chapter,
+            "sha256": hashlib.sha256(chapter.engine_source(root, problem).encode()).hexdigest(),
+        },
         "tests": _test_files(root, problem, rec.get("targets", [])),
         "judge_sha256": _judge_code(root),
         "cases": rec.get("cases", []),

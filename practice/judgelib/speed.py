@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import integrity, runner
+from . import chapter, integrity, runner
 from .problems import Problem, Speed
 from .verdict import ACCEPTED, REJECTED, RUNTIME, TLE, TOO_SLOW, WRONG, Verdict
 
@@ -221,9 +221,9 @@ def _opened(line: str, key: bytes) -> Optional[dict]:
 
 
 def run_bench(box: Path, root: Path, problem: Problem, env: Dict[str, str]) -> dict:
-    """Run bench.py on the sandbox ``box`` (the learner's module in it) against the
-    repository's own module; return its result, or ``killed``/``error``/``tamper`` as the
-    judge saw the run end."""
+    """Run bench.py on the sandbox ``box`` (the learner's module in it) against the chapter's
+    own module (chapter.py); return its result, or ``killed``/``error``/``tamper`` as the judge
+    saw the run end."""
     speed = problem.speed
     assert speed is not None
     work = Path(tempfile.mkdtemp(prefix=f"minisgl-speed-{problem.id}-"))
@@ -234,7 +234,7 @@ def run_bench(box: Path, root: Path, problem: Problem, env: Dict[str, str]) -> d
         shutil.copyfile(Path(__file__).with_name("bench.py"), work / "_judge_bench.py")
         reference = work / "reference" / Path(problem.module).name
         reference.parent.mkdir()
-        shutil.copyfile(root / problem.module, reference)
+        reference.write_text(chapter.engine_source(root, problem), encoding="utf-8")
         shutil.copyfile(problem.dir / speed.bench, work / speed.bench)
         # the sandbox, then what the tests had (PYTHONPATH) and what this judge has (a user
         # site, say, which -I leaves out), without another folder holding a minisgl/

@@ -1,8 +1,8 @@
 """An exercise's starter, generated from the engine module it replaces.
 
-The starter is the engine module as it is in the checkout with the body of every symbol
-the exercise names (a function, or a method as ``Class.method``) replaced by
-``raise NotImplementedError("Exercise <id>: implement <symbol>")``. Only those lines are
+The starter is the engine module as the exercise's chapter leaves it (chapter.py) with the
+body of every symbol the exercise names (a function, or a method as ``Class.method``)
+replaced by ``raise NotImplementedError("Exercise <id>: implement <symbol>")``. Only those lines are
 rewritten, so every signature, decorator, docstring, import and helper is the engine's,
 character for character. A body that contains ``yield`` keeps an unreachable ``yield``
 after the raise, so a generator stays a generator (an ``async for`` over the starter's
@@ -21,6 +21,7 @@ import ast
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from . import chapter
 from .problems import Problem
 from .signatures import find_def
 
@@ -144,9 +145,12 @@ def make_starter(
 
 
 def starter_source(root: Path, problem: Problem) -> str:
-    """The starter of ``problem``, made from the engine module in checkout ``root``."""
-    path = root / problem.module
-    if not path.is_file():
+    """The starter of ``problem``, made from its chapter's version of the engine module in
+    checkout ``root`` (chapter.py)."""
+    if not (root / problem.module).is_file():
         raise StarterError(f"exercise {problem.id}: the engine module {problem.module} is missing")
-    source = path.read_text(encoding="utf-8")
+    try:
+        source = chapter.engine_source(root, problem)
+    except chapter.ChapterError as e:
+        raise StarterError(str(e)) from None
     return make_starter(source, problem.id, problem.symbols, problem.module, problem.omit)

@@ -36,8 +36,8 @@ ARGS = [
     "--no-first-run",
 ]
 WIDTHS = (1400, 1000)  # a laptop, both sidebars shown; a narrow window, the table of contents only
-# Elements allowed to scroll sideways, each named with its reason. None: every listing wraps
-# (extra.css) and every table fits; add a selector here only for a deliberate scroller.
+# Elements allowed to scroll sideways at WIDTHS, each named with its reason. None: a listing's
+# 100 columns fit (extra.css) and every table fits; add a selector only for a deliberate scroller.
 DELIBERATE_SCROLLERS: List[str] = []
 
 # Every listing (`pre`, and the `code` inside it that mkdocs-material makes the scroller),
@@ -165,26 +165,36 @@ def test_no_listing_or_table_scrolls_or_clips_on_any_page(browser, site_url: str
     assert overflowing == {}, f"{count} elements overflow on {len(overflowing)} pages"
 
 
-def test_a_wrapped_listing_copies_as_its_source(browser, site_url: str):
-    """At 1,000 px chapter 7's listings wrap; the copy button still copies the lines as written."""
-    page = _new_page(browser, 1000)
+def test_on_a_phone_code_scrolls_sideways_and_never_wraps(browser, site_url: str):
+    """At 390 px chapter 7's long lines scroll inside their listing; no line of any listing
+    breaks onto a second row, and the copy button copies a listing as written."""
+    page = _new_page(browser, 390)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=site_url[:-1])
     page.goto(site_url + "chapters/ch07_scheduler/")
-    wrapped = page.evaluate("""() => {
+    found = page.evaluate("""() => {
+      document.querySelectorAll('details').forEach(d => { d.open = true; });
+      let scrolling = null, wrapped = [];
       for (const code of document.querySelectorAll('article pre > code')) {
-        const lines = code.querySelectorAll('span[id^="__span-"]');
-        const line = [...lines].find(l => l.getClientRects().length === 1 &&
-                                           l.getBoundingClientRect().height > 30);
-        if (line) { code.id = 'wrapped-listing'; return code.textContent; }
+        if (getComputedStyle(code).whiteSpace !== 'pre') wrapped.push('white-space');
+        const height = parseFloat(getComputedStyle(code).lineHeight);
+        for (const line of code.querySelectorAll('span[id^="__span-"]')) {
+          const box = line.getBoundingClientRect();
+          if (line.textContent.trim() && box.height > 1.5 * height)
+            wrapped.push(line.textContent.trim().slice(0, 60));
+        }
+        if (!scrolling && code.scrollWidth > code.clientWidth) {
+          code.id = 'scrolling-listing'; scrolling = code.textContent;
+        }
       }
-      return null;
+      return {scrolling, wrapped};
     }""")
-    assert wrapped, "no listing of chapter 7 wraps at 1,000 px: this test checks nothing"
-    block = page.locator("#wrapped-listing").locator("xpath=..")
+    assert found["wrapped"] == [], f"lines that wrap at 390 px: {found['wrapped'][:5]}"
+    assert found["scrolling"], "no listing of chapter 7 scrolls at 390 px: this test checks nothing"
+    block = page.locator("#scrolling-listing").locator("xpath=..")
     block.hover()
     block.locator('button[data-md-type="copy"]').click()
     copied = page.evaluate("navigator.clipboard.readText()")
-    assert copied.rstrip("\n") == wrapped.rstrip("\n")
+    assert copied.rstrip("\n") == found["scrolling"].rstrip("\n")
     page.context.close()
 
 

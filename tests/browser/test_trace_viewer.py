@@ -222,3 +222,28 @@ def test_the_viewer_page_fits_1000_px(browser, site_url: str):
         assert page.inner_text("#step-index") == "3"
         assert page.evaluate("document.documentElement.scrollWidth") <= 1000, name
     context.close()
+
+
+def test_the_book_pages_keys_step_its_viewer_and_it_says_what_it_shows(browser, site_url: str):
+    """No click first: ← and → on the chapter's page step the viewer that crosses the middle of
+    the window; the keys are written on the page, the step range matches the step numbers, and
+    the time chart's title says whether the run overlapped."""
+    for chapter in ("ch07_scheduler", "ch11_overlap"):
+        trace = json.loads((ROOT / "outputs" / "traces" / f"{chapter}.json").read_text())
+        page, iframe, frame, errors = _open_viewer(browser, site_url, chapter, 1400)
+        page.evaluate(  # the frame's top 100 px below the window's: it crosses the middle
+            "window.scrollBy(0, document.querySelector('iframe.trace-viewer')"
+            ".getBoundingClientRect().top - 100)"
+        )
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowLeft")
+        assert _read(frame) == expected(trace["steps"][1]), chapter
+        assert "← → step" in frame.inner_text(".controls")
+        last = len(trace["steps"]) - 1
+        assert frame.inner_text("#step-range") == f"0-{last}"
+        assert f"steps (0-{last})" in frame.inner_text("#title")
+        overlap_off = "(overlap off)" in frame.inner_text("#gantt-title")
+        assert overlap_off == (not trace["config"]["overlap"]), chapter
+        assert errors == []
+        page.context.close()

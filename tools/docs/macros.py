@@ -48,7 +48,7 @@ from tools import manifest
 from tools.docs import source_pages
 from tools.docs.chapters import Chapter, Exercise, all_exercises, find_exercise, load_chapters
 from tools.docs.symbols import SymbolError, find_symbol
-from tools.docs.versioned import SourceVersions
+from tools.docs.versioned import SourceVersions, is_source_file
 
 MACRO = re.compile(r"@@([a-z][a-z_-]*)(?:[ \t]+([^@\n]*?))?[ \t]*@@")
 BLOCK_MACROS = {"code", "tree", "output", "trace", "exercises", "chapters", "practice"}
@@ -107,7 +107,7 @@ class Context:
         else the file itself, relative to `notebooks/` (Jupyter opens it from a clone).
         """
         if self.mode == "site":
-            if source_pages.is_source_file(path) and (self.root / path).is_file():
+            if is_source_file(path) and (self.root / path).is_file():
                 uri = source_pages.page_uri(path)
                 if self.versions is not None:
                     uri = self.versions.uri(path, self.number)

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from tools.docs.chapters import Chapter
-from tools.docs.versioned import SourceVersions, Version
+from tools.docs.versioned import SOURCE_DIRS, SourceVersions, Version
 
-SOURCE_DIRS = ("minisgl", "examples", "tests", "benchmarks")
 INDEX_URI = "source/index.md"
 _IGNORED = {"__pycache__"}
 _CODE_MACRO = re.compile(r"@@code[ \t]+([^:@\s]+)")
@@ -61,10 +60,6 @@ def page_uri(path: str) -> str:
 def chapter_index_uri(n: int) -> str:
     """The page listing chapter ``n``'s tree: `source/ch07/index.md`."""
     return f"source/ch{n:02d}/index.md"
-
-
-def is_source_file(path: str) -> bool:
-    return path.endswith(".py") and path.split("/", 1)[0] in SOURCE_DIRS
 
 
 def is_source_page(uri: str) -> bool:

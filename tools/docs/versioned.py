@@ -31,6 +31,12 @@ INFRASTRUCTURE = (
     "tests/helpers/reference.py",
 )
 CHANGES_URI = "changes/{key}.md"
+SOURCE_DIRS = ("minisgl", "examples", "tests", "benchmarks")  # the source browser's folders
+
+
+def is_source_file(path: str) -> bool:
+    """Whether the source browser has a page for ``path``: its Python files."""
+    return path.endswith(".py") and path.split("/", 1)[0] in SOURCE_DIRS
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,8 @@ def changes_page(sv: SourceVersions, n: int, title: str, chapter_uri: str, page:
     here = posixpath.dirname(page)
 
     def link(path: str) -> str:
+        if not is_source_file(path):  # the source browser shows Python files only
+            return f"`{path}`"
         return f"[`{path}`]({posixpath.relpath(sv.uri(path, n), here)})"
 
     out = [

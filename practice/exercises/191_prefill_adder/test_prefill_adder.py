@@ -1,4 +1,4 @@
-"""Exercise 191: PrefillAdder admission control and chunked prefill, and the FCFS queue.
+"""Exercise 191: PrefillAdder admission control, and the first-come-first-served queue.
 
 Everything runs on the real CacheManager / TableManager / DecodeManager with a few dozen
 KV slots, on ``MINISGL_DEVICE`` (the CPU by default). Sizes are in tokens; page size 1
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 from minisgl.core import SamplingParams
 from minisgl.message import UserMsg
 from minisgl.scheduler.cache import CacheManager
 from minisgl.scheduler.decode import DecodeManager
-from minisgl.scheduler.prefill import ChunkedReq, PrefillAdder, PrefillManager
+from minisgl.scheduler.prefill import PrefillAdder, PrefillManager
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
 
@@ -27,12 +26,10 @@ ROWS, MAX_LEN = 4, 64
 class Setup:
     """A KV cache of ``num_pages`` one-token pages and a request table of ``rows`` rows."""
 
-    def __init__(
-        self, num_pages: int = 32, rows: int = ROWS, cache: str = "radix", page_size: int = 1
-    ) -> None:
+    def __init__(self, num_pages: int = 32, rows: int = ROWS, page_size: int = 1) -> None:
         self.page_table = torch.zeros(rows + 1, MAX_LEN, dtype=torch.int32, device=DEVICE)
         self.cache = CacheManager(
-            num_pages=num_pages, page_size=page_size, page_table=self.page_table, type=cache
+            num_pages=num_pages, page_size=page_size, page_table=self.page_table, type="naive"
         )
         self.table = TableManager(rows, self.page_table)
 
@@ -43,15 +40,6 @@ class Setup:
             cache_manager=self.cache,
             table_manager=self.table,
         )
-
-    def cache_prefix(self, ids: torch.Tensor) -> torch.Tensor:
-        """Put ``ids`` in the radix cache (unlocked, so evictable); returns their slots."""
-        slots, self.cache.free_slots = (
-            self.cache.free_slots[: len(ids)],
-            self.cache.free_slots[len(ids) :],
-        )
-        self.cache.prefix_cache.insert_prefix(ids, slots)
-        return slots
 
 
 def pending(uid: int, prompt_len: int, max_tokens: int, start: int = 100) -> PendingReq:
@@ -69,9 +57,7 @@ def test_admits_a_request_that_fits():
     assert req is not None, (
         "a 10-token prompt with max_tokens=5 fits in 32 free KV tokens but was refused"
     )
-    assert type(req).__name__ == "Req", (
-        f"a prompt within the budget is not chunked, got {type(req).__name__}"
-    )
+    assert type(req).__name__ == "Req", f"the adder returns a Req, got {type(req).__name__}"
     assert (req.uid, req.cached_len, req.device_len, req.output_len) == (7, 0, 10, 5), req
     assert s.table.available_size == ROWS - 1, "admission must take one row of the request table"
     assert adder.token_budget == 90, (
@@ -168,84 +154,6 @@ def test_refuses_when_the_token_budget_is_spent():
     assert s.table.available_size == ROWS
 
 
-# ---- PrefillAdder: prefix cache ------------------------------------------------------------
-
-
-def test_prefix_hit_computes_only_the_uncached_tail():
-    s = Setup(num_pages=32)
-    p = pending(0, 12, 4)
-    slots = s.cache_prefix(p.input_ids[:8])
-    adder = s.adder(token_budget=100)
-    req = adder.try_add_one(p)
-    assert req is not None and req.cached_len == 8, f"8 prompt tokens are cached, got {req}"
-    assert adder.token_budget == 96, (
-        f"only the 4 uncached tokens cost budget, budget is {adder.token_budget}"
-    )
-    assert adder.reserved_size == 4 + 4, (
-        f"reserve the uncached 4 + max_tokens 4, got {adder.reserved_size}"
-    )
-    assert s.page_table[req.table_idx, :8].cpu().tolist() == slots.cpu().tolist(), (
-        "row must point at the cached slots"
-    )
-    assert s.table.token_pool[req.table_idx, :12].cpu().tolist() == p.input_ids.tolist()
-
-
-def test_refusal_after_locking_the_prefix_unlocks_it():
-    # 4 free + 8 evictable = 12. Locking the matched 8 leaves 4, too few for the 2 + 5 needed.
-    s = Setup(num_pages=12)
-    p = pending(0, 10, 5)
-    s.cache_prefix(p.input_ids[:8])
-    assert s.cache.available_size == 12
-    assert s.adder().try_add_one(p) is None, (
-        "once the prefix is locked only 4 tokens are available for 7"
-    )
-    assert s.cache.available_size == 12, "the refused request left its prefix locked (unlock it)"
-    assert s.table.available_size == ROWS
-
-
-# ---- PrefillAdder: chunked prefill -----------------------------------------------------------
-
-
-def test_chunks_a_prompt_longer_than_the_budget():
-    s = Setup()
-    adder = s.adder(token_budget=8)
-    p = pending(0, 20, 3)
-    req = adder.try_add_one(p)
-    assert isinstance(req, ChunkedReq), (
-        f"20 prompt tokens with a budget of 8 must give a ChunkedReq, got {req!r}"
-    )
-    assert (req.cached_len, req.device_len) == (0, 8), (
-        f"the first chunk is tokens [0, 8), got {req}"
-    )
-    assert adder.token_budget == 0
-    assert adder.reserved_size == 20 + 3, (
-        "reserve the whole remaining prompt and the output at once"
-    )
-    assert adder.try_add_one(pending(1, 2, 1)) is None, "no budget is left in this step"
-
-
-def test_a_chunked_request_continues_in_its_own_row():
-    s = Setup()
-    p = pending(0, 20, 3)
-    first = s.adder(token_budget=8).try_add_one(p)
-    first.complete_one()  # the engine's forward pass: tokens [0, 8) are now cached
-    p.chunked_req = first
-    rows_free = s.table.available_size
-    second = s.adder(token_budget=8).try_add_one(p)
-    assert isinstance(second, ChunkedReq) and second.table_idx == first.table_idx
-    assert (second.cached_len, second.device_len) == (8, 16), (
-        f"the second chunk is [8, 16), got {second}"
-    )
-    assert s.table.available_size == rows_free, (
-        "continuing a chunked prompt must not take another row"
-    )
-    second.complete_one()
-    p.chunked_req = second
-    last = s.adder(token_budget=8).try_add_one(p)
-    assert type(last).__name__ == "Req" and (last.cached_len, last.device_len) == (16, 20), last
-    assert s.table.token_pool[last.table_idx, :20].cpu().tolist() == p.input_ids.tolist()
-
-
 # ---- PrefillManager: the queue ----------------------------------------------------------------
 
 
@@ -302,23 +210,6 @@ def test_queue_keeps_the_decode_reservation():
     assert [p.uid for p in pm.pending_list] == [0]
 
 
-def test_queue_puts_a_chunked_prompt_back_at_the_head():
-    s = Setup()
-    pm = manager(s)
-    enqueue(pm, 0, 20, 3)
-    enqueue(pm, 1, 4, 1)
-    batch = pm.schedule_next_batch(prefill_budget=8)
-    assert [r.uid for r in batch.reqs] == [0] and isinstance(batch.reqs[0], ChunkedReq)
-    assert [p.uid for p in pm.pending_list] == [0, 1], "the chunked prompt stays first in the queue"
-    assert pm.pending_list[0].chunked_req is batch.reqs[0], (
-        "remember the chunk in pending_req.chunked_req"
-    )
-    batch.reqs[0].complete_one()
-    batch = pm.schedule_next_batch(prefill_budget=16)
-    assert [r.uid for r in batch.reqs] == [0, 1], f"got {[r.uid for r in batch.reqs]}"
-    assert type(batch.reqs[0]).__name__ == "Req" and pm.pending_list[0:] == []
-
-
 def test_queue_returns_none_when_nothing_fits():
     s = Setup(num_pages=8)
     pm = manager(s)
@@ -327,9 +218,8 @@ def test_queue_returns_none_when_nothing_fits():
     assert [p.uid for p in pm.pending_list] == [0] and s.table.available_size == ROWS
 
 
-@pytest.mark.parametrize("cache", ["naive", "radix"])
-def test_admit_then_release_leaves_no_leak(cache):
-    s = Setup(num_pages=32, cache=cache)
+def test_admit_then_release_leaves_no_leak():
+    s = Setup(num_pages=32)
     pm = manager(s)
     enqueue(pm, 0, 6, 2)
     batch = pm.schedule_next_batch(prefill_budget=100)
