@@ -266,7 +266,12 @@ def test_the_lm_head_grid_covers_the_vocabulary_two_programs_per_sm(monkeypatch)
     ):
         with pytest.raises(ValueError):
             tlh.norm_lm_head(**{**dict(x=x, norm_weight=torch.ones(16), eps=1e-6, weight=w), **bad})
-    # a hidden size the kernel does not take stays on the torch reference where Triton runs too
+    # a hidden size the kernel does not take stays on the torch reference where Triton runs too;
+    # the kernels are imported first: made under the variable they would stay interpreted
+    # for every later test of the session
+    from minisgl.kernel import triton as kernel_triton
+
+    kernel_triton.load()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     wide = torch.randn(1, 5000), torch.ones(5000), 1e-6, torch.randn(8, 5000)
     assert kernel.library_for("norm_lm_head", *wide) == "torch"

@@ -89,6 +89,7 @@ def test_add_negative():
 """
 
 CHAPTER_TESTS = """\
+from minisgl.helper import double
 from minisgl.toy import Counter, add
 
 
@@ -98,7 +99,7 @@ def test_counter_counts():
 
 
 def test_add_large():
-    assert add(10**6, 10**6) == 2 * 10**6
+    assert add(10**6, 10**6) == double(10**6)
 """
 
 
@@ -138,8 +139,9 @@ def toy(tmp_path: Path) -> Path:
     (root / "minisgl").mkdir(parents=True)
     (root / "minisgl" / "__init__.py").write_text("")
     (root / "minisgl" / "toy.py").write_text(TOY)
+    (root / "minisgl" / "helper.py").write_text("def double(x):\n    return 2 * x\n")
     (root / "tests").mkdir()
-    chapter(root, 0, "toy", ["minisgl/__init__.py", "minisgl/toy.py"])
+    chapter(root, 0, "toy", ["minisgl/__init__.py", "minisgl/toy.py", "minisgl/helper.py"])
     chapter(root, 1, "more", [])
     ex = root / "practice" / "exercises" / "901_toy_add"
     ex.mkdir(parents=True)
@@ -593,3 +595,24 @@ def test_list_sends_a_newcomer_to_the_easiest_exercise_first(tmp_path):
     first = out.stdout.splitlines()[0]
     assert first.startswith("New here? Start with 171, DecodeManager"), out.stdout
     assert "(easy, chapter 7): python practice/judge.py start 171" in first
+
+
+def test_replacing_a_function_of_another_engine_module_is_rejected(toy):
+    """Even by one that computes the same: the tests must run the chapter's engine."""
+    patch = "\nimport minisgl.helper\n\nminisgl.helper.double = lambda x: x + x\n"
+    out = judge_source(toy, TOY + patch)
+    assert out.returncode == 1
+    assert "Verdict: Rejected" in out.stdout, out.stdout
+    assert "minisgl.helper.double was replaced" in out.stdout, out.stdout
+
+
+def test_check_names_an_exercise_test_that_imports_a_later_chapters_module(toy):
+    (toy / "minisgl" / "later.py").write_text("def more():\n    return 1\n")
+    rewrite(
+        toy / "chapters" / "ch01_more" / "chapter.toml", {"new = []": 'new = ["minisgl/later.py"]'}
+    )
+    test = toy / "practice" / "exercises" / "901_toy_add" / "test_toy_add.py"
+    test.write_text("from minisgl.later import more\n" + OWN_TESTS)
+    out = judge(toy, "check", "901", "--device", "cpu")
+    assert out.returncode == 1
+    assert "test_toy_add.py imports minisgl.later, which chapter 0's tree lacks" in out.stdout

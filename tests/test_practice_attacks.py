@@ -1,8 +1,8 @@
 """Submissions that attack the judge instead of solving the exercise, and their verdicts.
 
 Each attack is a wrong answer to exercise 111 (``Req.remain_len`` returns 0) plus code that
-tries to turn that into Accepted: patching pytest, the tests' helpers, another engine module
-or the judge's plugin, exiting early, rewriting the tests or the engine (in the sandbox and
+tries to turn that into Accepted: patching pytest, the tests' helpers, a module of a later
+chapter or the judge's plugin, exiting early, rewriting the tests or the engine (in the sandbox and
 in the repository), patching ``time``, forging the event stream, skipping its own failures,
 leaving a process behind (that one on the right answer). Every one must get a verdict other than Accepted, the repository's engine and tests
 must be byte-identical afterwards, and no process it started may be left alive.
@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Dict, Tuple
 
 import pytest
+
+from tools import versions
 
 REPO = Path(__file__).resolve().parents[1]
 JUDGE = REPO / "practice" / "judge.py"
@@ -74,13 +76,15 @@ ATTACKS: Dict[str, tuple] = {
         """,
         "Rejected",
     ),
-    "patch another engine module the tests use": (
+    # chapter 1's engine is this module alone: reaching for a later chapter's module fails
+    # (tests/test_judge.py rejects a replaced function of another engine module)
+    "reach for a module chapter 1's engine does not have": (
         """
         import minisgl.kvcache as kv
         _real = kv.create_prefix_cache
         kv.create_prefix_cache = lambda *a, **k: _real(*a, **k)
         """,
-        "Rejected",
+        "Runtime error",
     ),
     "patch the judge's plugin, then pytest": (
         """
@@ -193,7 +197,7 @@ def make_root(tmp: Path) -> Path:
     """A copy of the repository that the judge may be attacked in."""
     root = tmp / "repo"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "workspace")
-    for name in ("minisgl", "tests", "practice", "tools", "examples"):
+    for name in ("minisgl", "tests", "practice", "tools", "examples", "chapters"):
         shutil.copytree(REPO / name, root / name, ignore=ignore, symlinks=True)
     for name in ("pyproject.toml", "conftest.py", "pytest.ini"):
         if (REPO / name).is_file():
@@ -202,8 +206,14 @@ def make_root(tmp: Path) -> Path:
     return root
 
 
+def chapter_1_core() -> str:
+    """Exercise 111's module as chapter 1 leaves it: the engine its judge runs."""
+    text = (REPO / "minisgl" / "core.py").read_text(encoding="utf-8")
+    return versions.version(text, 1, "minisgl/core.py")
+
+
 def attack_source(code: str, wrong: bool = True) -> str:
-    src = (REPO / "minisgl" / "core.py").read_text(encoding="utf-8")
+    src = chapter_1_core()
     assert WRONG[0] in src, "exercise 111's wrong answer no longer applies to minisgl/core.py"
     if wrong:
         src = src.replace(WRONG[0], WRONG[1])
@@ -313,6 +323,8 @@ def test_no_process_outlives_the_run(attacked):
 
 def test_the_engine_itself_is_still_accepted(tmp_path):
     root = make_root(tmp_path)
+    reference = tmp_path / "core.py"
+    reference.write_text(chapter_1_core(), encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
     out = subprocess.run(
         [
@@ -325,7 +337,7 @@ def test_the_engine_itself_is_still_accepted(tmp_path):
             "--device",
             "cpu",
             "--file",
-            str(root / "minisgl" / "core.py"),
+            str(reference),
         ],
         capture_output=True,
         text=True,

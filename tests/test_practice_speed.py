@@ -338,6 +338,12 @@ def speed_box(tmp_path: Path, learner_source: str):
         (top / "minisgl").mkdir(parents=True)
         (top / "minisgl" / "__init__.py").write_text("")
         (top / "minisgl" / "fast.py").write_text(source)
+    manifest = root / "chapters" / "ch19_fast" / "chapter.toml"  # the chapter that brings it in
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(
+        'title = "Fast"\nstage = 4\nmain = "examples/ch19_fast.py"\n'
+        'new = ["minisgl/__init__.py", "minisgl/fast.py"]\n'
+    )
     ex = root / "practice" / "exercises" / "902_fast"
     ex.mkdir(parents=True)
     (ex / "problem.md").write_text(

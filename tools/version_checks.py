@@ -26,9 +26,9 @@ import subprocess
 import tempfile
 import tokenize
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from tools import versions
 from tools.manifest import ENGINE, Manifest
@@ -57,14 +57,15 @@ def later_chapters_named(text: str, n: int) -> List[tuple[int, int, str]]:
     return found
 
 
-def defined_names(text: str) -> Set[str]:
+@lru_cache(maxsize=None)  # a file's versions repeat across chapters: each text is read once
+def defined_names(text: str) -> FrozenSet[str]:
     """The distinctive names a Python file defines at its top level or in a class body:
     classes, functions, methods and UPPER_CASE constants (``distinctive`` ones only: a
     local variable of an earlier chapter may share a plain word with them)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return set()
+        return frozenset()
     names: Set[str] = set()
     bodies = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
     for body in bodies:
@@ -74,16 +75,17 @@ def defined_names(text: str) -> Set[str]:
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 names.update(t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper())
-    return {n for n in names if distinctive(n)}
+    return frozenset(n for n in names if distinctive(n))
 
 
-def bound_names(text: str) -> Set[str]:
+@lru_cache(maxsize=None)
+def bound_names(text: str) -> FrozenSet[str]:
     """Every name a Python file binds, except by importing it: definitions, parameters,
     assignment targets (``self.attr`` included), loop, ``with`` and ``except`` names."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return set()
+        return frozenset()
     names: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -98,7 +100,7 @@ def bound_names(text: str) -> Set[str]:
             names.add(node.name)
         elif isinstance(node, ast.keyword) and node.arg:
             names.add(node.arg)
-    return names
+    return frozenset(names)
 
 
 def distinctive(name: str) -> bool:
@@ -130,14 +132,15 @@ def module_files(mention: str) -> List[str]:
     return out
 
 
-def used_names(text: str) -> List[tuple[int, str]]:
+@lru_cache(maxsize=None)
+def used_names(text: str) -> Tuple[Tuple[int, str], ...]:
     """``(line, name)`` for every identifier a Python file uses in code (an attribute only
     on ``self`` or ``cls``), and every identifier-shaped word of its comments and strings."""
     found: List[tuple[int, str]] = []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
-        return found
+        return ()
     for k, tok in enumerate(tokens):
         if tok.type == tokenize.NAME:
             # an attribute counts on self or cls only: x.parse_args() is argparse's own
@@ -149,7 +152,7 @@ def used_names(text: str) -> List[tuple[int, str]]:
                 words = {w for q in _QUOTED.findall(line) for w in q.split(".")}
                 words |= set(_SHAPED.findall(line))
                 found += [(tok.start[0] + offset, w) for w in sorted(words)]
-    return found
+    return tuple(found)
 
 
 def _is_fstring_part(tok: tokenize.TokenInfo) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import List
 
 from tools import steps, versions
+from tools.closure import imported_modules, module_file
 from tools.manifest import Manifest, load_manifests
 
 from .problems import Problem
@@ -44,6 +45,23 @@ def engine_source(root: Path, problem: Problem) -> str:
         )
     text = (root / problem.module).read_text(encoding="utf-8")
     return versions.version(text, problem.chapter, problem.module)
+
+
+def later_imports(root: Path, problem: Problem) -> List[str]:
+    """One sentence per module of the engine or the tests that an exercise test imports and
+    the chapter's tree does not have (a later chapter's): the judge would fail there."""
+    files = [p.relative_to(root).as_posix() for top in ("minisgl", "tests")
+             for p in (root / top).rglob("*.py")]  # fmt: skip
+    have = set(tree(root, problem)) | set(steps.VERSIONED_INFRASTRUCTURE)
+    found = []
+    for test in problem.own_tests:
+        for module in sorted(imported_modules(f"tests/{test.name}", test.read_text("utf-8"))):
+            path = module_file(module, files)
+            if path is not None and path not in have:
+                found.append(
+                    f"{test.name} imports {module}, which chapter {problem.chapter}'s tree lacks"
+                )
+    return found
 
 
 def write_tree(root: Path, problem: Problem, dest: Path) -> None:

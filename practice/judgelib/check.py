@@ -1,7 +1,8 @@
 """`judge.py check`: the maintainer's proof that every exercise is sound.
 
 For each exercise, from the engine module as the exercise's chapter leaves it (chapter.py),
-and in that chapter's tree: every test problem.md names is in the tree; the starter is
+and in that chapter's tree: every test problem.md names is in the tree, and the exercise's
+own tests import nothing the tree lacks; the starter is
 generated (starter.py; a symbol the module no longer has fails here, naming it), compiles,
 and has the engine's public signatures and docstrings; the engine's own module is
 Accepted; the starter is not; and every known wrong answer (``broken/<name>.toml``,
@@ -76,6 +77,7 @@ def _runs(root: Path, p: P.Problem, tmp: Path, errors: List[str]) -> List[Run]:
     runs = [Run("engine", file, True)]
     _, absent = chapter_tests(root, p, Options())
     errors += [f"{t} is not in chapter {p.chapter}'s tree" for t in absent]
+    errors += chapter.later_imports(root, p)
     try:
         starter = starter_source(root, p)
     except StarterError as e:

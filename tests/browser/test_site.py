@@ -36,19 +36,27 @@ ARGS = [
     "--no-first-run",
 ]
 WIDTHS = (1400, 1000)  # a laptop, both sidebars shown; a narrow window, the table of contents only
-# Elements allowed to scroll sideways at WIDTHS, each named with its reason. None: a listing's
-# 100 columns fit (extra.css) and every table fits; add a selector only for a deliberate scroller.
+COLUMNS = 100  # the project's line length: a listing this wide fits at WIDTHS (extra.css)
+# Elements allowed to scroll sideways at WIDTHS, each named with its reason. None: a listing
+# of at most COLUMNS columns fits (a wider one, a long command or a program's output, scrolls
+# by design) and every table fits; add a selector only for a deliberate scroller.
 DELIBERATE_SCROLLERS: List[str] = []
 
-# Every listing (`pre`, and the `code` inside it that mkdocs-material makes the scroller),
-# every table and the wrapper material puts around it, that is wider inside than it shows.
-# Folded answers are opened first: what a reader unfolds must fit too.
-OVERFLOWING = """(allowed) => {
+# Every listing (`pre`, and the `code` inside it that mkdocs-material makes the scroller) of at
+# most COLUMNS columns (a diff's +/- column aside), every table and the wrapper material puts
+# around it, that is wider inside than it shows. Folded answers are opened first: what a
+# reader unfolds must fit too.
+OVERFLOWING = """([allowed, columns]) => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   const found = [];
   const sel = 'article pre, article pre > code, article table, article .md-typeset__scrollwrap';
   for (const e of document.querySelectorAll(sel)) {
     if (allowed.some(s => e.closest(s))) continue;
+    if (e.closest('pre')) {
+      const diff = e.closest('.language-diff') ? 1 : 0;
+      const widest = Math.max(...(e.textContent || '').split('\\n').map(l => l.length));
+      if (widest > columns + diff) continue;  // wider than the project's lines: it scrolls
+    }
     if (e.scrollWidth > e.clientWidth) {
       found.push(`${e.tagName.toLowerCase()} ${e.scrollWidth}>${e.clientWidth} px: ` +
                  (e.innerText || '').trim().split('\\n')[0].slice(0, 60));
@@ -149,7 +157,7 @@ def test_no_listing_or_table_scrolls_or_clips_on_any_page(browser, site_url: str
         page.goto(site_url + rel, wait_until="domcontentloaded")
         for width in WIDTHS:
             page.set_viewport_size({"width": width, "height": 900})
-            found = page.evaluate(OVERFLOWING, DELIBERATE_SCROLLERS)
+            found = page.evaluate(OVERFLOWING, [DELIBERATE_SCROLLERS, COLUMNS])
             if found:
                 overflowing[f"{width} px: {rel or 'home'}"] = found
     chapter7 = site_url + next(p for p in pages if p.startswith("chapters/ch07_"))

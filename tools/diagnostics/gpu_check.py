@@ -12,7 +12,7 @@ What it does, in order (each part in its own process, so one crash does not hide
    triton cannot be imported).
 2. ``models``: builds ``models/qwen3-0.6b-shaped`` if it is missing (needs
    ``models/qwen3-tokenizer``; about a minute and 1.2 GB), notes whether SmolLM2 is there.
-3. ``tests``: the GPU tests of ``tests/test_ch17..21_*.py`` (FlashInfer vs torch logits,
+3. ``tests``: the GPU tests of ``tests/test_ch17..22_*.py`` (FlashInfer vs torch logits,
    cached prefix, hybrids, kernels vs references, sampling, graphs on/off, Triton
    kernels, SmolLM2 vs HF on GPU when SmolLM2 is converted), one PASS/FAIL/SKIP line each.
 4. ``bench``: ``minisgl.benchmark.decode_step`` at batch 1, 8, 64, 256 (graphs on/off beside
@@ -45,7 +45,7 @@ SHAPED = MODELS / "qwen3-0.6b-shaped"
 SMOLLM2 = MODELS / "SmolLM2-135M-Instruct"
 TESTS = sorted(  # the stage-4 chapters' test files: their GPU tests
     str(p.relative_to(ROOT))
-    for n in range(17, 22)
+    for n in range(17, 23)
     for p in (ROOT / "tests").glob(f"test_ch{n}_*.py")
 )
 failures: List[str] = []

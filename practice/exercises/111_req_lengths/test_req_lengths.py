@@ -6,13 +6,6 @@ import pytest
 import torch
 
 from minisgl.core import Req, SamplingParams
-from minisgl.kvcache import create_prefix_cache
-
-HANDLE = (
-    create_prefix_cache(torch.device("cpu"), "naive")
-    .match_prefix(torch.empty(0, dtype=torch.int32))
-    .cuda_handle
-)
 
 
 def make_req(prompt_len: int = 5, cached_len: int = 0, max_tokens: int = 3, uid: int = 0) -> Req:
@@ -23,7 +16,6 @@ def make_req(prompt_len: int = 5, cached_len: int = 0, max_tokens: int = 3, uid:
         output_len=max_tokens,
         uid=uid,
         sampling_params=SamplingParams(max_tokens=max_tokens),
-        cache_handle=HANDLE,
     )
 
 
@@ -64,7 +56,6 @@ def test_input_ids_must_be_on_the_cpu():
             output_len=1,
             uid=0,
             sampling_params=SamplingParams(max_tokens=1),
-            cache_handle=HANDLE,
         )
 
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from minisgl.core import SamplingParams
-from minisgl.env import ENV
 from minisgl.llm import LLM
 from minisgl.message import UserMsg
 from minisgl.scheduler.cache import CacheManager
@@ -25,7 +24,7 @@ from minisgl.scheduler.prefill import ChunkedReq, PrefillAdder, PrefillManager
 from minisgl.scheduler.table import TableManager
 from minisgl.scheduler.utils import PendingReq
 from tests.helpers import hf_greedy
-from tests.scheduler_harness import FakeEngineScheduler, fake_reference, run_script, user
+from tests.scheduler_harness import LOOPS, FakeEngineScheduler, fake_reference, run_script, user
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 ROWS, MAX_LEN = 4, 64
@@ -225,7 +224,7 @@ LONG = list(range(200, 240))  # 40 tokens
 SHORT = list(range(500, 510))  # 10 tokens
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", LOOPS)  # the loops chapter 10's scheduler has
 @pytest.mark.parametrize("budget", [1, 5, 16, 8192])
 def test_the_scheduler_loop_gives_the_one_shot_tokens_at_any_budget(budget, overlap):
     s = FakeEngineScheduler(num_pages=64, page_size=4, cache_type="radix", max_extend_tokens=budget)
@@ -252,7 +251,6 @@ def test_the_scheduler_loop_gives_the_one_shot_tokens_at_any_budget(budget, over
 
 def test_chunked_prefill_gives_the_one_shot_tokens_on_a_real_model(qwen3_path):
     prompts = [LONG, SHORT, LONG[:20] + SHORT]
-    ENV.DISABLE_OVERLAP_SCHEDULING.value = False
     outputs, extends = {}, {}
     for budget in [8192, 16]:  # a fresh engine each, so neither run starts from the other's cache
         llm = LLM(
