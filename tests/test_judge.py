@@ -615,4 +615,4 @@ def test_check_names_an_exercise_test_that_imports_a_later_chapters_module(toy):
     test.write_text("from minisgl.later import more\n" + OWN_TESTS)
     out = judge(toy, "check", "901", "--device", "cpu")
     assert out.returncode == 1
-    assert "test_toy_add.py imports minisgl.later, which chapter 0's tree lacks" in out.stdout
+    assert "test_toy_add.py imports minisgl.later, which chapter 0's version lacks" in out.stdout

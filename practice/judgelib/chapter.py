@@ -11,9 +11,10 @@ chunking, and is judged by chapter 7's tests.
 
 from __future__ import annotations
 
+import ast
 from functools import lru_cache
 from pathlib import Path
-from typing import List
+from typing import List, Set
 
 from tools import steps, versions
 from tools.closure import imported_modules, module_file
@@ -47,20 +48,48 @@ def engine_source(root: Path, problem: Problem) -> str:
     return versions.version(text, problem.chapter, problem.module)
 
 
+def _top_level_names(text: str) -> Set[str]:
+    """The names a module binds at its top level: defs, classes, assignments, imports."""
+    names: Set[str] = set()
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        else:
+            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+    return names
+
+
 def later_imports(root: Path, problem: Problem) -> List[str]:
-    """One sentence per module of the engine or the tests that an exercise test imports and
-    the chapter's tree does not have (a later chapter's): the judge would fail there."""
+    """One sentence per module of the engine or the tests, or name from one, that an
+    exercise test imports and the chapter's version lacks (a later chapter's): the judge
+    would fail there."""
     files = [p.relative_to(root).as_posix() for top in ("minisgl", "tests")
              for p in (root / top).rglob("*.py")]  # fmt: skip
     have = set(tree(root, problem)) | set(steps.VERSIONED_INFRASTRUCTURE)
+    lacks = f"which chapter {problem.chapter}'s version lacks"
     found = []
     for test in problem.own_tests:
-        for module in sorted(imported_modules(f"tests/{test.name}", test.read_text("utf-8"))):
+        text = test.read_text("utf-8")
+        for module in sorted(imported_modules(f"tests/{test.name}", text)):
             path = module_file(module, files)
             if path is not None and path not in have:
-                found.append(
-                    f"{test.name} imports {module}, which chapter {problem.chapter}'s tree lacks"
-                )
+                found.append(f"{test.name} imports {module}, {lacks}")
+        for node in ast.walk(ast.parse(text)):
+            path = (
+                module_file(node.module or "", files) if isinstance(node, ast.ImportFrom) else None
+            )
+            if path is None or path not in have:
+                continue
+            version = versions.version((root / path).read_text("utf-8"), problem.chapter, path)
+            bound = _top_level_names(version)
+            for alias in node.names:
+                if (
+                    alias.name not in bound
+                    and module_file(f"{node.module}.{alias.name}", have) is None
+                ):
+                    found.append(f"{test.name} imports {alias.name} from {node.module}, {lacks}")
     return found
 
 

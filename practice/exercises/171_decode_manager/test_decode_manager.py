@@ -7,7 +7,6 @@ import torch
 from minisgl.core import Req, SamplingParams
 from minisgl.kvcache import create_prefix_cache
 from minisgl.scheduler.decode import DecodeManager
-from minisgl.scheduler.prefill import ChunkedReq
 
 HANDLE = (
     create_prefix_cache(torch.device("cpu"), "naive")
@@ -16,9 +15,9 @@ HANDLE = (
 )
 
 
-def make_req(uid: int, prompt_len: int = 4, max_tokens: int = 3, cls=Req) -> Req:
+def make_req(uid: int, prompt_len: int = 4, max_tokens: int = 3) -> Req:
     ids = torch.arange(prompt_len, dtype=torch.int32)
-    return cls(
+    return Req(
         input_ids=ids,
         table_idx=uid,
         cached_len=0,
@@ -47,15 +46,13 @@ def test_prefilled_requests_join():
     assert dm.running_reqs == {a, b}, "filtering merges: a request already running must stay"
 
 
-def test_finished_and_chunked_requests_leave():
+def test_finished_requests_leave():
     dm = DecodeManager(page_size=1)
     done = step(make_req(1, max_tokens=1))  # its only output token is being produced
-    chunk = make_req(2, cls=ChunkedReq)
-    chunk.complete_one()
     alive = step(make_req(3))
-    dm.filter_reqs([done, chunk, alive])
+    dm.filter_reqs([done, alive])
     assert dm.running_reqs == {alive}, (
-        f"only requests with can_decode stay: remain_len of done={done.remain_len}, a ChunkedReq never decodes; "
+        f"only requests with can_decode stay: remain_len of done={done.remain_len}; "
         f"got uids {sorted(r.uid for r in dm.running_reqs)}"
     )
 
