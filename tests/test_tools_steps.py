@@ -456,3 +456,14 @@ def test_run_gives_a_chapters_main_its_own_tree_and_arguments(tmp_path, capfd):
     assert steps.main(["--root", str(root), "run", "3", "--flag"]) == 0
     assert capfd.readouterr().out == "x = 1\ny = 2  # " + "+ch03\n ['--flag']\n"
     assert steps.main(["--root", str(root), "run", "9"]) == 2
+
+
+def test_after_the_full_suite_a_test_reading_the_final_text_is_not_run_again(tmp_path):
+    root = make_repo(tmp_path)
+    (root / "tests/test_ch01_core.py").write_text("import minisgl.core\n")
+    (root / "tests/test_ch02_layers.py").write_text("from minisgl.layers import linear\n")
+    ms = steps.load_manifests(root)
+    tests = ["tests/test_ch01_core.py", "tests/test_ch02_layers.py"]
+    # chapter 3 (the toy book's last) marks a line of core.py: chapter 2's core.py is not final
+    assert steps.as_in_final(2, tests, ms, root) == ["tests/test_ch02_layers.py"]
+    assert steps.as_in_final(3, tests, ms, root) == tests

@@ -410,31 +410,42 @@ def _run_commands(
     outcome.log = "\n".join(logs)
 
 
+def _python_texts(book: Book, k: int) -> dict[str, str]:
+    return {p: book.version(p, k) for p in book.tree(k) if p.endswith(".py")}
+
+
+def _reads_same(test: str, a: dict[str, str], b: dict[str, str]) -> bool:
+    """Whether ``test`` reads the same text in trees ``a`` and ``b``: the same import closure
+    (``tools/closure.py``), file for file, and of the conftest only the fixtures it can use."""
+
+    def seen(path: str, texts: dict[str, str]) -> str:
+        if path in ALWAYS:
+            return fixtures_seen(texts[path], texts[test])
+        return texts[path]
+
+    files = closure(test, a)
+    return files == closure(test, b) and all(seen(f, a) == seen(f, b) for f in files)
+
+
 def earlier_tests(n: int, manifests: list[Manifest], root: Path) -> tuple[list[str], list[str]]:
     """The test files of the chapters before ``n``, and those of them to run again in chapter
-    ``n``'s tree: the ones whose import closure (``tools/closure.py``) reads other text in
-    chapter ``n``'s version than in the chapter before's, where they already ran."""
+    ``n``'s tree: the ones that read other text in chapter ``n``'s version than in the chapter
+    before's, where they already ran."""
     numbers = [m.number for m in manifests]
     if n not in numbers or numbers.index(n) == 0:
         return [], []
-    prev = numbers[numbers.index(n) - 1]
     book = Book(manifests, root, VERSIONED_INFRASTRUCTURE)
-    texts = {
-        k: {p: book.version(p, k) for p in book.tree(k) if p.endswith(".py")} for k in (n, prev)
-    }
-    tests = [t for m in manifests if m.number < n for t in m.tests if t in texts[n]]
-    rerun = []
-    for test in tests:
-        now, before = closure(test, texts[n]), closure(test, texts[prev])
+    now, before = _python_texts(book, n), _python_texts(book, numbers[numbers.index(n) - 1])
+    tests = [t for m in manifests if m.number < n for t in m.tests if t in now]
+    return tests, [t for t in tests if not _reads_same(t, now, before)]
 
-        def seen(path: str, k: int) -> str:
-            if path in ALWAYS:  # the conftest: only the fixtures this test file can use
-                return fixtures_seen(texts[k][path], texts[k][test])
-            return texts[k][path]
 
-        if now != before or any(seen(f, n) != seen(f, prev) for f in now):
-            rerun.append(test)
-    return tests, rerun
+def as_in_final(n: int, tests: list[str], manifests: list[Manifest], root: Path) -> list[str]:
+    """Those of ``tests`` that read in chapter ``n``'s tree exactly the text they read in the
+    repository's (the last chapter's): the full suite's run there already ran them on it."""
+    book = Book(manifests, root, VERSIONED_INFRASTRUCTURE)
+    now, final = _python_texts(book, n), _python_texts(book, book.last)
+    return [t for t in tests if t in final and _reads_same(t, now, final)]
 
 
 def check_chapter(
@@ -443,11 +454,12 @@ def check_chapter(
     root: Path | None = None,
     timeout: float = 1800,
     earlier: bool = True,
-    quick_earlier: bool = False,
+    after_full_suite: bool = False,
 ) -> Outcome:
     """Build ``build/steps/NN`` and run chapter n's mains and tests in it, and (``earlier``)
-    the earlier chapters' tests that reach something chapter n changed (``quick_earlier``:
-    without those marked slow, and none in the last chapter)."""
+    the earlier chapters' tests that reach something chapter n changed. ``after_full_suite``:
+    the whole suite has just passed on the repository's tree, so a test that reads the same
+    text here as there is not run again, and earlier chapters' tests run without the slow."""
     root = root or ROOT
     start = time.monotonic()
     m = get_manifest(n, manifests)
@@ -476,17 +488,27 @@ def check_chapter(
             commands.insert(0, ("imports", [sys.executable, "-c", IMPORT_ALL, *modules]))
         tests = [p for p in m.tests if p not in missing]
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        ran_in_final = as_in_final(n, tests, manifests, root) if after_full_suite else []
+        if ran_in_final:
+            tests = [t for t in tests if t not in ran_in_final]
+            outcome.notes.append(
+                f"{len(ran_in_final)} of this chapter's test files read the text the full "
+                "suite ran them on: not run again"
+            )
         if tests:
             commands.append(("tests", [*pytest, *tests]))
-        last = n == manifests[-1].number  # its tree is the repository's: `make test` runs them
-        if earlier and not (quick_earlier and last):
+        if earlier:
             before, rerun = earlier_tests(n, manifests, root)
-            quick = ["-m", "not slow and not browser"] if quick_earlier else []
+            quick = []
+            if after_full_suite:
+                quick = ["-m", "not slow and not browser"]
+                rerun = [t for t in rerun if t not in as_in_final(n, rerun, manifests, root)]
             if rerun:
                 commands.append((EARLIER, [*pytest, *quick, *rerun]))
             outcome.notes.append(
                 f"{len(rerun)} of {len(before)} earlier chapters' test files run again; "
                 "the rest reach nothing this chapter changed"
+                + (" or read the text the full suite ran them on" if after_full_suite else "")
             )
         _run_commands(
             outcome, commands, dest, n, manifests, root, timeout, {p.name for p in dest.iterdir()}
@@ -612,7 +634,7 @@ def cmd_check(args: argparse.Namespace, manifests: list[Manifest], root: Path) -
         (
             m.name,
             lambda m=m: check_chapter(
-                m.number, manifests, root, args.timeout, args.earlier, args.quick_earlier
+                m.number, manifests, root, args.timeout, args.earlier, args.after_full_suite
             ),
         )
         for m in chosen
@@ -692,10 +714,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run only each chapter's own tests, not the earlier chapters' again",
     )
     check.add_argument(
-        "--quick-earlier",
+        "--after-full-suite",
         action="store_true",
-        help="run the earlier chapters' tests again without those marked slow, and not in the "
-        "last chapter, whose tree is the repository's (CI: `make test` runs them all there)",
+        help="the full suite has just passed on the repository's tree (CI runs `make test` "
+        "first): skip tests that read the same text here as there, and run earlier chapters' "
+        "tests again without those marked slow",
     )
     args = parser.parse_args(argv)
 
