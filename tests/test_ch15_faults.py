@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 
@@ -105,6 +106,53 @@ BAD_INPUT = [
         "'prompt' has 100000 bytes: more than the context limit",
     ),
     ("5 MB body", "/v1/completions", {"model": MODEL, "prompt": "x" * 5_000_000}, 413, "larger"),
+    (
+        "top_k of 2^70",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "top_k": 2**70},
+        400,
+        "'top_k': Input should be less than or equal to 2147483647",
+    ),
+    (
+        "stop_token_ids of [10^30]",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "stop_token_ids": [10**30]},
+        400,
+        "'stop_token_ids': at most 16 token ids, each from 0 to 2147483647",
+    ),
+    (
+        "lone surrogate in a key",
+        "/v1/completions",
+        '{"model": "%s", "prompt": "hi", "\\ud800": 1}' % MODEL,
+        400,
+        "'\\ud800': not valid Unicode",
+    ),
+    (
+        "temperature Infinity (not JSON)",
+        "/v1/completions",
+        '{"model": "%s", "prompt": "hi", "temperature": Infinity}' % MODEL,
+        400,
+        "Infinity is not a JSON number",
+    ),
+    (
+        "a participant's name",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi", "name": "ann"}]},
+        400,
+        "'messages.0.name': participant names are not supported",
+    ),
+    (
+        "an unknown stream_options key",
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+        400,
+        "unsupported field 'stream_options.continuous_usage_stats'",
+    ),
 ]
 
 
@@ -120,6 +168,34 @@ def test_bad_input_is_refused_before_anything_is_registered(
     assert message in r.json()["error"]["message"]
     assert took < 5  # refused at once: no tokenizing of a huge prompt
     assert no_leak(server)["open_requests"] == 0
+
+
+def test_a_client_gone_before_the_first_reply_closes_its_replies_cleanly():
+    """The client hangs up while its request is queued: waiting for the first reply is
+    cancelled, and closing the replies then neither raises nor leaves them open."""
+    from minisgl.server.api_server import ClientGone, _until_disconnect
+
+    closed = []
+
+    async def replies():
+        try:
+            await asyncio.sleep(3600)  # queued: no reply yet
+            yield None
+        finally:
+            closed.append(True)
+
+    class HungUp:
+        async def receive(self):
+            return {"type": "http.disconnect"}
+
+    async def main():
+        queued = replies()
+        with pytest.raises(ClientGone):
+            await _until_disconnect(HungUp(), anext(queued))
+        await queued.aclose()
+
+    asyncio.run(main())
+    assert closed == [True]
 
 
 @pytest.fixture(scope="module")
@@ -442,19 +518,47 @@ def test_kill_9_of_the_tokenizer_fails_loudly_and_reaps_the_scheduler(qwen3_path
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_with_requests_in_flight_stops_cleanly(qwen3_path, tmp_path, sig):
+def test_a_signal_lets_open_streams_finish_and_admits_no_new_request(qwen3_path, tmp_path, sig):
     server = start(qwen3_path, tmp_path)
     workers = list(server.workers.values())
     streams = [open_stream(server) for _ in range(3)]
     t0 = time.monotonic()
-    rc = server.stop(sig, group=sig == signal.SIGINT)  # SIGINT: Ctrl-C reaches the group
-    took = time.monotonic() - t0
+    if sig == signal.SIGINT:  # Ctrl-C reaches the whole group; the workers ignore it
+        os.killpg(server.proc.pid, sig)
+    else:
+        server.proc.send_signal(sig)
+    time.sleep(0.5)  # the drain has begun: the listening socket is closed
+    try:
+        late = str(post(server, "/v1/completions", tiny(), timeout=5).status_code)
+    except httpx.HTTPError as e:
+        late = type(e).__name__
     tails = [rest_of(s) for s in streams]  # each ends: closed, not hung
+    rc = server.stop(sig)
+    took = time.monotonic() - t0
     alive = [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    finished = sum(
+        '"finish_reason": "length"' in t and t.rstrip().endswith("data: [DONE]") for t in tails
+    )
     record(
         f"{signal.Signals(sig).name} with 3 streams open",
-        "exit 0, workers gone, < 20 s",
-        f"exit {rc}, alive {alive}, {took:.1f} s",
-        rc == 0 and not alive and took < 20,
+        "3 finish, new refused, exit 0, < 20 s",
+        f"{finished} finished, new: {late}, exit {rc}, alive {alive}, {took:.1f} s",
+        finished == 3 and late in ("ConnectError", "503") and rc == 0 and not alive and took < 20,
     )
-    assert "died" not in server.output() and len(tails) == 3
+    assert "died" not in server.output()
+
+
+def test_past_the_shutdown_grace_each_open_stream_ends_with_an_error_and_done(qwen3_path, tmp_path):
+    server = start(qwen3_path, tmp_path, "--shutdown-grace", "0")
+    streams = [open_stream(server) for _ in range(3)]
+    rc = server.stop(signal.SIGTERM)
+    tails = [rest_of(s) for s in streams]
+    cut = sum(
+        "the server is shutting down" in t and t.rstrip().endswith("data: [DONE]") for t in tails
+    )
+    record(
+        "SIGTERM, grace 0, 3 streams open",
+        "3 × error event + [DONE], exit 0",
+        f"{cut} × error event + [DONE], exit {rc}",
+        cut == 3 and rc == 0,
+    )

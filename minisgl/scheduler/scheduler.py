@@ -188,11 +188,11 @@ class Scheduler(SchedulerIOMixin):
         elif isinstance(msg, UserMsg):
             input_len, max_seq_len = len(msg.input_ids), self.engine.max_seq_len
             if input_len == 0 or input_len >= max_seq_len:
-                error = (
-                    f"request {msg.uid}: the prompt has {input_len} tokens; it must have between "
+                error = (  # the client's own words: no request id of ours in them
+                    f"the prompt has {input_len} tokens; it must have between "
                     f"1 and {max_seq_len - 1} (the context limit is {max_seq_len} tokens)"
                 )
-                logger.warning(error)
+                logger.warning(f"request {msg.uid}: {error}")
                 self.send_result(
                     [DetokenizeMsg(uid=msg.uid, next_token=-1, finished=True, error=error)]
                 )

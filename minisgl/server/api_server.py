@@ -77,9 +77,16 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
         watch.cancel()
         if not task.done():
             task.cancel()
+            # let the cancellation land: a generator ``work`` steps is closed only once idle
+            await asyncio.wait({task})
     if not task.done() or task.cancelled():
         raise ClientGone()
     return task.result()
+
+
+def _not_json(constant: str) -> None:
+    """Python's parser reads ``NaN`` and ``Infinity``; JSON has no such numbers."""
+    raise ValueError(f"{constant} is not a JSON number")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -91,7 +98,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     """
     raw = await request.body()
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json)
     except ValueError as e:  # UnicodeDecodeError included: bytes that are not UTF-8
         raise APIError(400, f"the body is not valid JSON: {e}") from None
     except RecursionError:
@@ -198,8 +205,8 @@ async def sse_stream(
 
     Each reply becomes the events of ``chunker(reply, is_first)``; after the finished one,
     ``usage(last_reply)`` when the client asked for usage, then ``data: [DONE]``. A reply
-    with ``error`` (a worker died mid-stream) ends the stream with an error event and no
-    ``[DONE]``. ``replies`` is closed however the stream ends: closing it early (the client
+    with ``error`` (a worker died mid-stream, or the shutdown's grace ran out) ends the
+    stream with an error event, then ``[DONE]``. ``replies`` is closed however the stream ends: closing it early (the client
     left, so the response is cancelled) aborts the request.
     """
     async with aclosing(replies):
@@ -207,13 +214,13 @@ async def sse_stream(
         while True:
             if reply.error is not None:
                 yield _sse({"error": {"message": reply.error, "type": "server_error", "code": 503}})
-                return
+                break
             for payload in chunker(reply, is_first):
                 yield _sse(payload)
             if reply.finished:
                 break
             reply, is_first = await anext(replies), False
-        if usage is not None:
+        if usage is not None and reply.error is None:
             yield _sse(usage(reply))
         yield _sse("[DONE]")
 
@@ -450,6 +457,22 @@ def create_app(fm: FrontendManager) -> Guard:
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain in front of its shutdown: on SIGTERM or Ctrl-C it stops
+    accepting connections, lets the open requests finish for up to ``grace_s`` seconds, and
+    ends those still open with an error (a stream's last events: the error, ``[DONE]``)."""
+
+    def __init__(self, config: uvicorn.Config, fm: FrontendManager, grace_s: float) -> None:
+        super().__init__(config)
+        self.fm, self.grace_s = fm, grace_s
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        for server in self.servers:  # no new connection while the open requests finish
+            server.close()
+        await self.fm.drain(self.grace_s, give_up=lambda: self.force_exit)
+        await super().shutdown(sockets)
+
+
 def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
     """Serve HTTP on ``args.server_host:args.server_port`` until Ctrl-C, SIGTERM or a
     worker's death. Returns None after a signal, the dead ``Worker`` after a death."""
@@ -462,16 +485,15 @@ def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
     fm = FrontendManager(
         args, workers, int(info["max_seq_len"]), int(info.get("max_token_bytes", 0)), open_limit
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(fm),
-            host=args.server_host,
-            port=args.server_port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=3,
-        )
+    config = uvicorn.Config(
+        create_app(fm),
+        host=args.server_host,
+        port=args.server_port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=3,  # after the drain: the error events' time to go out
     )
+    server = DrainingServer(config, fm, args.shutdown_grace_s)
 
     def on_dead(reason: str) -> None:
         server.should_exit = True  # the open requests have their error replies queued

@@ -29,7 +29,8 @@ class ServerArgs(SchedulerConfig):
     ``server_host`` (loopback by default: nothing outside this machine can reach the server
     unless asked for); ``api_key``, ``allowed_origins``, ``allowed_hosts`` and
     ``max_body_bytes`` are the ``Guard``'s; ``max_queued_requests`` is how many requests may
-    wait beyond ``max_running_req`` before new ones get 429."""
+    wait beyond ``max_running_req`` before new ones get 429; on SIGTERM or Ctrl-C the open
+    requests may run ``shutdown_grace_s`` seconds more before they end with an error."""
 
     server_host: str = "127.0.0.1"
     server_port: int = 1919
@@ -41,6 +42,7 @@ class ServerArgs(SchedulerConfig):
     allowed_hosts: Tuple[str, ...] = ()
     max_body_bytes: int = 4 << 20
     max_queued_requests: int = 1024
+    shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may run on
 
     @property
     def model_name(self) -> str:
@@ -177,6 +179,14 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         default=ServerArgs.max_queued_requests,
         help="requests waiting beyond --max-running-requests before new ones get 429",
     )
+    p.add_argument(
+        "--shutdown-grace",
+        dest="shutdown_grace_s",
+        type=float,
+        default=ServerArgs.shutdown_grace_s,
+        help="seconds that open requests may run on after SIGTERM or Ctrl-C before each ends "
+        "with an error (no new request is admitted meanwhile)",
+    )
     # >>> ch23
     p.add_argument(
         "--enable-retraction",
@@ -221,6 +231,8 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         ns[key] = tuple(x.strip() for x in ns[key].split(",") if x.strip())
     if ns["max_body_bytes"] < 1 or ns["max_queued_requests"] < 0:
         p.error("--max-body-bytes must be >= 1 and --max-queued-requests >= 0")
+    if not 0 <= ns["shutdown_grace_s"] < float("inf"):
+        p.error("--shutdown-grace must be a number of seconds >= 0")
     dtype = ns.pop("dtype")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"

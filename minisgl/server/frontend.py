@@ -13,8 +13,10 @@ API server's shutdown) is called: a server that cannot serve exits rather than a
 forever. Under tensor parallelism the other scheduler ranks are stopped too: they cannot go
 on without their peer.
 
-``submit`` refuses before it registers anything: a full queue (429, ``Retry-After``) and a
-prompt longer in bytes than the context could hold (400, without tokenizing it). Mirrors
+``submit`` refuses before it registers anything: a full queue (429, ``Retry-After``), a
+server shutting down (503) and a prompt longer in bytes than the context could hold (400,
+without tokenizing it). ``drain`` is the first step of a shutdown: no new request, the open
+ones finish within a grace period or end with an error reply. Mirrors
 upstream ``minisgl.server.api_server.FrontendManager``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Sequence, Set
 
 from minisgl.core import SamplingParams
@@ -65,6 +68,7 @@ class FrontendManager:
         self.dead: str | None = None  # why nothing can be served any more
         self.dead_worker: Worker | None = None  # the worker whose death that was
         self.stopping = False
+        self.draining = False  # SIGTERM or Ctrl-C: no new request is admitted
         self._gone: Set[str] = set()  # workers whose end was handled
         self._tasks: Set[asyncio.Task[Any]] = set()
 
@@ -93,6 +97,20 @@ class FrontendManager:
             task.cancel()
         self.recv.stop()
         self.send.stop()
+
+    async def drain(self, grace_s: float, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Stop admitting, wait up to ``grace_s`` seconds for the open requests to finish,
+        then end each one still open with an error reply (``give_up()`` true, a second
+        Ctrl-C say, ends the wait early)."""
+        self.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.queues and self.dead is None and not give_up() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.queues and self.dead is None:
+            reason = f"the server is shutting down: not finished within {grace_s:g} s"
+            logger.warning(f"{reason}: ending {len(self.queues)} open request(s)")
+            for uid, q in self.queues.items():
+                q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -180,10 +198,12 @@ class FrontendManager:
         tokens of the context is refused rather than answered shorter.
 
         Raises:
-            APIError: 503 (a dead worker), 429 (too many open requests, with ``Retry-After``),
+            APIError: 503 (a dead worker, or shutting down), 429 (too many open requests, with ``Retry-After``),
             400 (``check_prompt``). Nothing is registered when it raises.
         """
         self.check_alive()
+        if self.draining:
+            raise APIError(503, "the server is shutting down", kind="server_error")
         if self.max_open_requests and len(self.queues) >= self.max_open_requests:
             raise APIError(
                 429,

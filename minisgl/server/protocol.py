@@ -88,7 +88,8 @@ def check_json(body: Any) -> None:
                 ) from None
         elif isinstance(value, dict):
             for k, v in value.items():
-                key = f"{path}.{k}" if path else str(k)
+                shown = str(k).encode("utf-8", "backslashreplace").decode()  # a key's surrogate too
+                key = f"{path}.{shown}" if path else shown
                 stack.append((k, key, depth + 1))
                 stack.append((v, key, depth + 1))
         elif isinstance(value, list):
@@ -115,6 +116,7 @@ def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str
 
 
 MAX_STOP = 16  # stop strings per request (OpenAI allows 4)
+MAX_INT32 = 2**31 - 1  # token ids and top_k cross to the scheduler as int32-sized numbers
 MAX_STOP_CHARS = 256
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit; chat allows MAX_TOP_LOGPROBS
 
@@ -125,9 +127,9 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat = Field(default=1.0, ge=0.0)
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = -1  # an SGLang extension: -1 (off) or >= 1
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: StrictInt = Field(default=-1, le=MAX_INT32)  # an SGLang extension: -1 (off) or >= 1
     ignore_eos: StrictBool = False  # an SGLang extension
     stream: StrictBool = False
     stop: StrictStr | List[StrictStr] | None = None
@@ -166,8 +168,8 @@ class _Sampling(BaseModel):
     @field_validator("stop_token_ids")
     @classmethod
     def _stop_token_ids(cls, v: List[int]) -> List[int]:
-        if v and (len(v) > MAX_STOP or min(v) < 0):
-            raise ValueError(f"at most {MAX_STOP} token ids, each >= 0")
+        if v and (len(v) > MAX_STOP or min(v) < 0 or max(v) > MAX_INT32):
+            raise ValueError(f"at most {MAX_STOP} token ids, each from 0 to {MAX_INT32}")
         return v
 
     @property
@@ -209,15 +211,23 @@ class GenerateRequest(_Sampling):
     max_tokens: StrictInt | None = Field(default=None, ge=1)
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``: only ``include_usage`` (a last chunk with the usage)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool = False
+
+
 class _OpenAI(_Sampling):
     """OpenAI fields the engine cannot honour are accepted only at their neutral value."""
 
     model: StrictStr
     n: StrictInt = 1
-    presence_penalty: StrictFloat = 0.0
-    frequency_penalty: StrictFloat = 0.0
+    presence_penalty: StrictFloat = Field(default=0.0, allow_inf_nan=False)
+    frequency_penalty: StrictFloat = Field(default=0.0, allow_inf_nan=False)
     user: StrictStr | None = None  # metadata only
-    stream_options: Dict[str, StrictBool] | None = None
+    stream_options: StreamOptions | None = None
 
     @field_validator("n")
     @classmethod
@@ -237,7 +247,7 @@ class _OpenAI(_Sampling):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class CompletionRequest(_OpenAI):
@@ -291,6 +301,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant"]
     content: StrictStr
     name: StrictStr | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None:  # the chat templates have no place for it: refused, not dropped
+            raise ValueError("participant names are not supported by this server")
+        return v
 
 
 class ChatCompletionRequest(_OpenAI):
