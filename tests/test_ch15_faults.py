@@ -107,6 +107,13 @@ BAD_INPUT = [
     ),
     ("5 MB body", "/v1/completions", {"model": MODEL, "prompt": "x" * 5_000_000}, 413, "larger"),
     (
+        "110,000 empty chat messages (3.6 MB)",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": ""}] * 110_000},
+        400,
+        "'messages' has 110000 messages: the chat template spends at least",
+    ),
+    (
         "top_k of 2^70",
         "/v1/completions",
         {"model": MODEL, "prompt": "hi", "top_k": 2**70},
@@ -168,6 +175,14 @@ def test_bad_input_is_refused_before_anything_is_registered(
     assert message in r.json()["error"]["message"]
     assert took < 5  # refused at once: no tokenizing of a huge prompt
     assert no_leak(server)["open_requests"] == 0
+
+
+def test_the_fewest_tokens_a_message_costs_is_one_chatml_turn(tok):
+    """SmolLM2's template is ChatML: an empty turn is ``<|im_start|>role\\n<|im_end|>\\n``."""
+    from minisgl.tokenizer.tokenize import TokenizeManager
+
+    turn = tok.encode("<|im_start|>user\n<|im_end|>\n", add_special_tokens=False)
+    assert TokenizeManager(tok).min_tokens_per_message() == len(turn)
 
 
 def test_a_client_gone_before_the_first_reply_closes_its_replies_cleanly():

@@ -483,7 +483,12 @@ def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
         )
     open_limit = args.max_running_req + args.max_queued_requests
     fm = FrontendManager(
-        args, workers, int(info["max_seq_len"]), int(info.get("max_token_bytes", 0)), open_limit
+        args,
+        workers,
+        int(info["max_seq_len"]),
+        int(info.get("max_token_bytes", 0)),
+        open_limit,
+        int(info.get("min_message_tokens", 0)),
     )
     config = uvicorn.Config(
         create_app(fm),

@@ -55,12 +55,16 @@ class FrontendManager:
         max_seq_len: int,
         max_token_bytes: int = 0,
         max_open_requests: int = 0,
+        min_message_tokens: int = 0,
     ) -> None:
         """``max_token_bytes``: the most UTF-8 bytes one token decodes to (0: no prompt
-        bound); ``max_open_requests``: requests running or waiting at most (0: no limit)."""
+        bound); ``max_open_requests``: requests running or waiting at most (0: no limit);
+        ``min_message_tokens``: the fewest tokens the chat template spends on a message (0:
+        no bound on their count)."""
         self.args, self.workers, self.max_seq_len = args, workers, max_seq_len
         self.max_prompt_bytes = max_seq_len * (max_token_bytes + 1) if max_token_bytes else 0
         self.max_open_requests = max_open_requests
+        self.min_message_tokens = min_message_tokens
         self.on_dead: Callable[[str], None] | None = None
         self._uids = itertools.count()
         self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
@@ -165,15 +169,25 @@ class FrontendManager:
             raise APIError(503, f"the server cannot serve: {self.dead}", kind="server_error")
 
     def check_prompt(self, text: str | List[Dict[str, str]]) -> None:
-        """Refuse, without tokenizing, a prompt more bytes long than ``max_seq_len`` tokens
-        of the longest token in the vocabulary (plus one byte) can spell: it cannot fit.
+        """Refuse, without tokenizing, a prompt that cannot fit the context: more bytes long
+        than ``max_seq_len`` tokens of the longest token in the vocabulary (plus one byte)
+        can spell, or a chat of more messages than the template's tokens for each leave room
+        for.
 
         Raises:
             APIError: 400 naming the field (``prompt`` or ``messages``).
         """
+        chat = not isinstance(text, str)
+        k = self.min_message_tokens
+        if chat and k and len(text) * k >= self.max_seq_len:
+            raise APIError(
+                400,
+                f"'messages' has {len(text)} messages: the chat template spends at least {k} "
+                f"tokens on each, more than the context limit of {self.max_seq_len} tokens",
+                "messages",
+            )
         if not self.max_prompt_bytes:
             return
-        chat = not isinstance(text, str)
         parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
         size = sum(len(p.encode("utf-8")) for p in parts)
         if size > self.max_prompt_bytes:

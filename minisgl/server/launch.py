@@ -114,7 +114,13 @@ def _tokenizer_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
             args.zmq_backend_addr,
             args.zmq_frontend_addr,
         )
-        ack.put({"name": "tokenizer", "max_token_bytes": worker.max_token_bytes})
+        ack.put(
+            {
+                "name": "tokenizer",
+                "max_token_bytes": worker.max_token_bytes,
+                "min_message_tokens": worker.min_message_tokens,
+            }
+        )
         worker.run()
     except KeyboardInterrupt:
         pass

@@ -64,6 +64,7 @@ class TokenizerWorker:
         vocab = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         self.max_token_bytes = max(len(t.encode("utf-8", "surrogatepass")) for t in vocab)
         self.tokenize_manager = TokenizeManager(tokenizer)
+        self.min_message_tokens = self.tokenize_manager.min_tokens_per_message()  # +ch15
         self.detokenize_manager = DetokenizeManager(
             tokenizer, load_eos_token_ids(model_path, tokenizer)
         )

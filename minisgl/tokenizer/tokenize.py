@@ -44,3 +44,24 @@ class TokenizeManager:
             ids = self.tokenizer.encode(self.prompt_text(msg), add_special_tokens=not chat)
             out.append(torch.tensor(ids, dtype=torch.int32))
         return out
+
+    # >>> ch15
+    def min_tokens_per_message(self) -> int:
+        """The fewest tokens the chat template spends on one more message with empty
+        content, measured on turns of the user and the assistant: the API server bounds a
+        chat's message count by the context with it, before tokenizing anything. 0 (no
+        bound) without a template, or for one that refuses the probe's empty turns."""
+        if not self.tokenizer.chat_template:
+            return 0
+
+        def count(n: int) -> int:
+            chat = [{"role": ("user", "assistant")[i % 2], "content": ""} for i in range(n)]
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False)
+            return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+        try:
+            return max(0, min(count(2) - count(1), count(3) - count(2)))
+        except Exception:  # a template's own rule (say, no empty turns): no bound from it
+            return 0
+
+    # <<< ch15
