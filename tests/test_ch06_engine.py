@@ -1,5 +1,7 @@
 """Chapter 6: the engine driven by hand, the sampler, and the device shims."""
 
+import logging
+
 import pytest
 import torch
 
@@ -88,21 +90,31 @@ def test_forward_batch_advances_every_request(engine):
     assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_cpu.shape == (1,)
 
 
-def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path, caplog):
-    eng = Engine(
-        EngineConfig(
-            str(qwen3_path),
-            dtype=torch.float32,
-            device=DEVICE,
-            page_size=4,
-            kv_memory_cap=2 * 1024**2,
-            max_running_req=2,
+def test_kv_pool_is_sized_explicitly_on_the_cpu(qwen3_path):
+    said = logging.Handler()  # the engine's log lines, whatever the stream its handler holds
+    said.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    lines: list[str] = []
+    logging.getLogger("minisgl").addHandler(said)
+    try:
+        eng = Engine(
+            EngineConfig(
+                str(qwen3_path),
+                dtype=torch.float32,
+                device=DEVICE,
+                page_size=4,
+                kv_memory_cap=2 * 1024**2,
+                max_running_req=2,
+            )
         )
-    )
+    finally:
+        logging.getLogger("minisgl").removeHandler(said)
     mc = eng.config.model_config
     per_page = 2 * mc.num_layers * 4 * mc.num_kv_heads * mc.head_dim * 4
     assert eng.num_pages == 2 * 1024**2 // per_page
-    assert eng.max_seq_len == min(mc.rotary_config.max_position, eng.num_pages * 4)
+    assert eng.max_seq_len == eng.num_pages * 4 < mc.rotary_config.max_position
+    # a context cut short by the pool is said at start-up, not silently served
+    warning = f"the context is {eng.max_seq_len} tokens, not {mc.rotary_config.max_position}"
+    assert any(line.startswith(warning) for line in lines), lines
     rows = 2  # max_running_req
     rows += 1  # and the dummy request's  # +ch18
     assert eng.page_table.shape[0] == rows and eng.page_table.shape[1] % 32 == 0

@@ -144,6 +144,11 @@ class Engine:
         self.num_pages = num_pages
         num_tokens = num_pages * config.page_size
         self.max_seq_len = min(config.max_seq_len, num_tokens)
+        if self.max_seq_len < config.max_seq_len:  # said, not silently served
+            logger.warning_rank0(
+                f"the context is {self.max_seq_len} tokens, not {config.max_seq_len}: "
+                f"that is all the KV cache holds ({num_pages} pages of {config.page_size})"
+            )
         rows, pool_pages = config.max_running_req, num_pages
         # >>> ch18: one more page and one more row, for the dummy request of CUDA graphs
         rows, pool_pages = rows + 1, pool_pages + 1
