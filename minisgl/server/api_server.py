@@ -206,8 +206,8 @@ async def sse_stream(
     Each reply becomes the events of ``chunker(reply, is_first)``; after the finished one,
     ``usage(last_reply)`` when the client asked for usage, then ``data: [DONE]``. A reply
     with ``error`` (a worker died mid-stream, or the shutdown's grace ran out) ends the
-    stream with an error event, then ``[DONE]``. ``replies`` is closed however the stream ends: closing it early (the client
-    left, so the response is cancelled) aborts the request.
+    stream with an error event, then ``[DONE]``. ``replies`` is closed however the stream
+    ends: closing it early (the client left, so the response is cancelled) aborts the request.
     """
     async with aclosing(replies):
         reply, is_first = first, True

@@ -212,8 +212,8 @@ class FrontendManager:
         tokens of the context is refused rather than answered shorter.
 
         Raises:
-            APIError: 503 (a dead worker, or shutting down), 429 (too many open requests, with ``Retry-After``),
-            400 (``check_prompt``). Nothing is registered when it raises.
+            APIError: 503 (a dead worker, or shutting down), 429 (too many open requests,
+            with ``Retry-After``), 400 (``check_prompt``). Nothing is registered when it raises.
         """
         self.check_alive()
         if self.draining:
