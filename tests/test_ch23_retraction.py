@@ -2,6 +2,7 @@
 when a decode step runs out of KV pages. Mostly on the fake-model scheduler of
 ``tests/scheduler_harness.py``, which checks every page and row before every step."""
 
+import time
 from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
@@ -160,6 +161,66 @@ def test_a_short_request_is_not_starved_by_long_default_max_tokens(overlap):
     assert finished_after <= 8, f"the short request took {finished_after} steps"
     assert sum(after.retracted.values()) >= 1 and not before.retracted
     assert after.state.step < before.state.step  # the long ones ran together too
+
+
+def short_request_seconds(server, wait_s: float) -> float | None:
+    """Two chats that may run to the context (no ``max_tokens``, EOS ignored), then a
+    4-token one a second later: its latency, or None if it is still waiting after
+    ``wait_s`` seconds. The long ones are dropped (their clients hang up) at the end."""
+    import asyncio
+
+    import httpx
+
+    def chat(content: str, **extra) -> dict:
+        return {
+            "model": "SmolLM2-135M-Instruct",
+            "messages": [{"role": "user", "content": content}],
+            **extra,
+        }
+
+    async def main() -> float | None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
+            longs = [
+                asyncio.create_task(
+                    http.post("/v1/chat/completions", json=chat(f"A story {i}", ignore_eos=True))
+                )
+                for i in range(2)
+            ]
+            await asyncio.sleep(1.0)
+            t0 = time.monotonic()
+            short = http.post("/v1/chat/completions", json=chat("Hi", max_tokens=4))
+            try:
+                r = await asyncio.wait_for(short, wait_s)
+                assert r.status_code == 200, r.text
+                return time.monotonic() - t0
+            except asyncio.TimeoutError:
+                return None
+            finally:
+                for task in longs:
+                    task.cancel()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_the_servers_defaults_do_not_starve_a_short_request(smollm2_path, tmp_path):
+    """The server's own defaults (the model's 8,192-token context, the CPU's default pool):
+    with retraction, on by default, the short request is answered at once; with
+    ``--disable-retraction`` (chapter 7's admission) it is still waiting 15 s later."""
+    from tests.helpers.server import Server
+
+    on = Server(smollm2_path, tmp_path / "on.log", small=False).wait_ready()
+    try:
+        took = short_request_seconds(on, wait_s=20)
+    finally:
+        assert on.stop() == 0
+    off = Server(smollm2_path, tmp_path / "off.log", "--disable-retraction", small=False)
+    try:
+        starved = short_request_seconds(off.wait_ready(), wait_s=15)
+    finally:
+        assert off.stop() == 0
+    print(f"\nshort request, server defaults: {took:.1f} s; --disable-retraction: {starved}")
+    assert took is not None and took < 20 and starved is None
 
 
 # ---- retraction keeps every token -------------------------------------------------------------

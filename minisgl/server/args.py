@@ -43,6 +43,9 @@ class ServerArgs(SchedulerConfig):
     max_body_bytes: int = 4 << 20
     max_queued_requests: int = 1024
     shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may run on
+    # >>> ch23: requests arrive over time, so a long answer must not hold back a short one
+    enable_retraction: bool = True
+    # <<< ch23
 
     @property
     def model_name(self) -> str:
@@ -189,10 +192,12 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
     )
     # >>> ch23
     p.add_argument(
-        "--enable-retraction",
-        action="store_true",
-        help="admit on an estimate of each request's output and retract running requests "
-        "when KV pages run out, so long answers cannot starve short ones",
+        "--disable-retraction",
+        dest="enable_retraction",
+        action="store_false",
+        help="admit as chapter 7 does, reserving each request's whole output budget (by "
+        "default the server admits on an estimate and retracts when KV pages run out, so "
+        "long answers cannot starve short ones)",
     )
     # <<< ch23
     # >>> ch16

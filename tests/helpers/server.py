@@ -52,25 +52,16 @@ def free_port() -> int:
 class Server:
     """``python -m minisgl`` in its own process group (so a test can press "Ctrl-C")."""
 
-    def __init__(self, model: Path, log: Path, *extra: str) -> None:
+    def __init__(self, model: Path, log: Path, *extra: str, small: bool = True) -> None:
+        """``small``: a context of ``MAX_SEQ_LEN`` tokens and 8,192 KV pages; otherwise the
+        server's defaults (the model's context, the device's default pool)."""
         self.port, self.log = free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "minisgl",
-            "--model",
-            str(model),
-            "--port",
-            str(self.port),
-            "--device",
-            DEVICE,
-            "--max-seq-len",
-            str(MAX_SEQ_LEN),
-            "--num-pages",
-            "8192",
-            *extra,
-        ]
+        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port)]
+        cmd += ["--device", DEVICE]
+        if small:
+            cmd += ["--max-seq-len", str(MAX_SEQ_LEN), "--num-pages", "8192"]
+        cmd += extra
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             cmd,
