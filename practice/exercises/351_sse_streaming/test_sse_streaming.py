@@ -226,12 +226,14 @@ def test_a_one_reply_answer_streams_without_reading_more():
     )
 
 
-def test_an_error_mid_stream_ends_it_without_done():
+def test_an_error_mid_stream_ends_it_with_the_error_then_done():
     replies = script("a", "b") + [UserReply(0, "", True, error="worker died")]
     replies[1].finished, replies[1].finish_reason = False, None
-    got, src = run_stream(replies, lambda r, first: completion_chunks(HEAD, r, first))
-    assert "[DONE]" not in got, f"a broken stream must not look complete: {got}"
-    err = json.loads(got[-1])
+    usage = lambda r: usage_chunk(HEAD, r)  # noqa: E731
+    got, src = run_stream(replies, lambda r, first: completion_chunks(HEAD, r, first), usage)
+    assert got[-1] == "[DONE]", f"the stream must still end with [DONE]: {got}"
+    err = json.loads(got[-2])
+    assert "error" in err, f"the error event comes right before [DONE], no usage after it: {got}"
     assert err["error"]["message"] == "worker died" and err["error"]["code"] == 503, err
     assert src.closed
 
