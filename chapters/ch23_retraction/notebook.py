@@ -29,7 +29,8 @@ for r in (1.0, 0.7):
     for uid in range(2):
         ids = torch.arange(1, 9, dtype=torch.int32)
         prefill.add_one_req(UserMsg(uid, ids, SamplingParams(max_tokens=32)))
-    batch = prefill.schedule_next_batch(1000, new_token_ratio=r)
+    prefill.new_token_ratio = r  # what the scheduler sets from its NewTokenRatio each step
+    batch = prefill.schedule_next_batch(1000)
     print(f"ratio {r}: admitted {[q.uid for q in batch.reqs]}, {len(prefill.pending_list)} waiting")
 
 # %% part="Whom to retract first"
