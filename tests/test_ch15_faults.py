@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -372,6 +373,10 @@ def test_metrics_count_what_was_served(server):
     record("/metrics", "all six, tokens > 0", got, not missing)
     assert samples["minisgl_generation_tokens_total"] > 0
     assert samples["minisgl_time_to_first_token_seconds_count"] > 0
+    # the frontend's counters when idle, and the scheduler's figures heard in the background
+    assert samples["minisgl_outstanding_tokens"] == samples["minisgl_num_open_reqs"] == 0
+    assert samples["minisgl_kv_pages_total"] > 0
+    assert 0 <= samples["minisgl_scheduler_stats_age_seconds"] < 60
 
 
 # ---- a guarded server: API key, allowed origins, small body, small queue -------------------
@@ -477,6 +482,79 @@ def test_many_clients_against_a_small_queue_get_429_with_retry_after(guarded):
     assert all(r.headers["retry-after"] == "1" and "busy" in r.text for r in busy)
     stats = httpx.get(f"{guarded.url}/stats", headers=auth).json()
     assert stats["open_requests"] == 0 and stats["kv_pages_in_use"] == 0
+
+
+# ---- overload: a bound on outstanding tokens, refused before tokenizing ---------------------
+
+TOKEN_BOUND = 450  # ten requests of "Hello" (5 bytes) + 40 tokens
+
+
+@pytest.fixture(scope="module")
+def bounded(qwen3_path, tmp_path_factory):
+    log = tmp_path_factory.mktemp("bounded") / "server.log"
+    s = Server(qwen3_path, log, "--max-outstanding-tokens", str(TOKEN_BOUND)).wait_ready()
+    yield s
+    assert s.stop(signal.SIGTERM) == 0, s.output()[-2000:]
+
+
+async def stream_to_the_end(http: httpx.AsyncClient, body: dict) -> tuple[int, str, dict]:
+    """(status, Retry-After, last usage) of one streamed completion; raises if a 200 stream
+    does not end with its usage and ``[DONE]``."""
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return r.status_code, r.headers.get("retry-after", ""), r.json()
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    return 200, "", json.loads(lines[-2][6:])["usage"]
+
+
+@pytest.mark.parametrize("n", [200, 1000])
+def test_an_overload_is_refused_up_front_and_every_accepted_request_finishes(bounded, n):
+    body = {**tiny({"max_tokens": 40, "ignore_eos": True}), "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    scrapes: list[tuple[int, float]] = []  # (status, seconds) of /metrics and /health
+    done = threading.Event()
+
+    def scrape() -> None:  # a monitor of its own, as Prometheus is: not the clients' loop
+        with httpx.Client(base_url=bounded.url, timeout=30) as http:
+            while not done.is_set():
+                for path in ("/metrics", "/health"):
+                    t0 = time.monotonic()
+                    status = http.get(path).status_code
+                    scrapes.append((status, time.monotonic() - t0))
+                time.sleep(0.1)
+
+    async def main():
+        limits = httpx.Limits(max_connections=n + 8)
+        async with httpx.AsyncClient(base_url=bounded.url, limits=limits, timeout=300) as http:
+            return await asyncio.gather(*[stream_to_the_end(http, body) for _ in range(n)])
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        done.set()
+        scraper.join()
+    results = asyncio.run(main())
+    accepted = [usage for status, _, usage in results if status == 200]
+    refused = [(ra, err) for status, ra, err in results if status == 429]
+    times = sorted(t for _, t in scrapes)
+    got = (
+        f"{len(accepted)} accepted, all {len(accepted)} finished, {len(refused)} x 429; "
+        f"{len(scrapes)} scrapes, p99 {times[int(0.99 * (len(times) - 1))]:.2f} s"
+    )
+    ok = len(accepted) >= TOKEN_BOUND // 45 and len(refused) > 0
+    record(f"{n} streams, {TOKEN_BOUND} outstanding tokens", "some in, rest 429, scraped", got, ok)
+    assert len(accepted) + len(refused) == n
+    assert all(u["completion_tokens"] == 40 for u in accepted)
+    assert all(ra == "1" and "outstanding" in e["error"]["message"] for ra, e in refused)
+    assert all(status == 200 for status, _ in scrapes) and len(scrapes) >= 2
+    stats = wait_until_idle(bounded)
+    assert stats["kv_pages_in_use"] == 0 and stats["table_rows_free"] == stats["table_rows_total"]
+    metrics = httpx.get(f"{bounded.url}/metrics").text
+    assert "minisgl_outstanding_tokens 0.0" in metrics and "minisgl_num_open_reqs 0.0" in metrics
 
 
 # ---- dead workers and signals: each on its own tiny server ----------------------------------

@@ -10,13 +10,17 @@ a loopback address), computes every answer offline first with ``LLM.generate`` (
 once through ``/v1/completions``. ``--disconnect`` of the clients hang up mid-stream. Both
 sides run in float32 by default: in bfloat16 a batch of another size may round a logit
 differently and flip a near-tie, so token-for-token equality is only promised in float32.
+Meanwhile a monitor thread scrapes ``/metrics`` every 0.2 s, as Prometheus would.
 
-Checks, each printed with ok/FAIL (exit status 1 on any failure): every completed stream
-equals its offline text; the server and its workers are alive afterwards; once idle, no KV
-page is in use and every table row is free (``GET /stats``). Prints throughput (output
-tokens per second over the whole run) and p50/p99 of TTFT (request sent -> first text)
-and TPOT (mean time between tokens after the first, per request). Stops by itself: the
-server it started is shut down with SIGTERM, and the whole run is capped by ``--timeout``.
+The server may refuse a client with 429 (too many outstanding tokens, chapter 15); any
+other refusal is an error. Checks, each printed with ok/FAIL (exit status 1 on any
+failure): every accepted stream that did not hang up finished, equal to its offline text;
+every scrape was answered 200; the server and its workers are alive afterwards; once idle,
+no request is open, no KV page is in use and every table row is free (``GET /stats``).
+Prints accepted and refused counts, throughput (output tokens per second over the whole
+run), p50/p99 of TTFT (request sent -> first text), TPOT (mean time between tokens after
+the first, per request) and the scrapes' latency. Stops by itself: the server it started is
+shut down with SIGTERM, and the whole run is capped by ``--timeout``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +69,7 @@ class Client:
     prompt: str
     max_tokens: int
     hang_up_after: int | None  # chunks read before disconnecting; None: read to the end
+    status: int = 0  # the HTTP status of the answer
     text: str = ""
     sent: float = 0.0
     first: float | None = None
@@ -136,6 +142,9 @@ async def run_client(http: httpx.AsyncClient, url: str, model: str, c: Client) -
     c.sent = time.perf_counter()
     try:
         async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
+            c.status = r.status_code
+            if r.status_code == 429:  # refused up front: come back later
+                return
             if r.status_code != 200:
                 c.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
                 return
@@ -166,6 +175,21 @@ async def load(url: str, model: str, clients: List[Client]) -> float:
         t0 = time.perf_counter()
         await asyncio.gather(*[run_client(http, url, model, c) for c in clients])
         return time.perf_counter() - t0
+
+
+def scrape_metrics(url: str, stop: threading.Event) -> List[Tuple[int, float]]:
+    """(status, seconds) of a ``GET /metrics`` every 0.2 s until ``stop`` is set."""
+    scrapes = []
+    with httpx.Client(timeout=30) as http:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                status = http.get(f"{url}/metrics").status_code
+            except httpx.HTTPError:
+                status = 0
+            scrapes.append((status, time.perf_counter() - t0))
+            stop.wait(0.2)
+    return scrapes
 
 
 def wait_idle(url: str, timeout: float = 60) -> Dict:
@@ -234,19 +258,30 @@ def main() -> int:
             f"max_tokens {args.min_tokens}..{args.max_tokens}, model {model} on {args.device} ({args.dtype})",
             flush=True,
         )
-        wall = asyncio.run(load(url, model, clients))
+        stop, scrapes = threading.Event(), []
+        monitor = threading.Thread(target=lambda: scrapes.extend(scrape_metrics(url, stop)))
+        monitor.start()
+        try:
+            wall = asyncio.run(load(url, model, clients))
+        finally:
+            stop.set()
+            monitor.join()
 
-        done = [c for c in clients if c.hang_up_after is None]
+        refused = [c for c in clients if c.status == 429]
+        accepted = [c for c in clients if c.status == 200]
+        done = [c for c in accepted if c.hang_up_after is None]
         errors = [c for c in clients if c.error]
         wrong = [c for c in done if not c.error and c.text != ref[(c.prompt, c.max_tokens)]]
+        finished = [c for c in done if not c.error and c.tokens == c.max_tokens]
         stats = wait_idle(url)
         health_after = httpx.get(f"{url}/health", timeout=10)
         alive = (
             health_after.status_code == 200 and health_after.json()["workers"] == health["workers"]
         )
         out_tokens = sum(c.tokens for c in done) + sum(
-            c.chunks for c in clients if c.hang_up_after is not None
+            c.chunks for c in accepted if c.hang_up_after is not None
         )
+        scrape_s = [t for _, t in scrapes]
         ttft = [c.first - c.sent for c in clients if c.first is not None]
         tpot = [
             (c.last - c.first) / (c.tokens - 1)
@@ -254,7 +289,11 @@ def main() -> int:
             if c.first is not None and c.tokens > 1
         ]
 
-        print(f"\nwall time            {wall:8.2f} s")
+        print(
+            f"\naccepted             {len(accepted):8d}  ({len(accepted) - len(done)} hang up), "
+            f"refused (429) {len(refused)}, finished {len(finished)}/{len(done)}"
+        )
+        print(f"wall time            {wall:8.2f} s")
         print(
             f"output throughput    {out_tokens / wall:8.1f} tokens/s  ({out_tokens} tokens, "
             f"{len(done) / wall:.2f} completed requests/s)"
@@ -265,18 +304,27 @@ def main() -> int:
         print(
             f"TPOT  p50 / p99      {1000 * percentile(tpot, 50):8.1f} / {1000 * percentile(tpot, 99):.1f} ms"
         )
+        print(
+            f"/metrics p50 / p99   {1000 * percentile(scrape_s, 50):8.0f} / "
+            f"{1000 * percentile(scrape_s, 99):.0f} ms  ({len(scrapes)} scrapes)"
+        )
         checks = [
             (
-                f"{len(done) - len(wrong) - sum(1 for c in done if c.error)}/{len(done)} completed streams equal "
+                f"{len(finished) - len(wrong)}/{len(done)} accepted streams finished, equal to "
                 "their offline text",
-                not wrong and not errors,
+                not wrong and not errors and len(finished) == len(done),
+            ),
+            (
+                f"{sum(1 for st, _ in scrapes if st == 200)}/{len(scrapes)} scrapes of /metrics "
+                "answered 200",
+                bool(scrapes) and all(st == 200 for st, _ in scrapes),
             ),
             (f"server and workers alive afterwards ({', '.join(health['workers'])})", alive),
             (
-                f"idle: {stats['kv_pages_in_use']} KV pages in use ({stats['kv_pages_free']} free, "
+                f"idle: {stats['open_requests']} requests open, {stats['kv_pages_in_use']} KV pages in use ({stats['kv_pages_free']} free, "
                 f"{stats['kv_pages_cached']} cached of {stats['kv_pages_total']}), "
                 f"{stats['table_rows_free']}/{stats['table_rows_total']} table rows free",
-                stats["kv_pages_in_use"] == 0
+                stats["open_requests"] == stats["kv_pages_in_use"] == 0
                 and stats["table_rows_free"] == stats["table_rows_total"],
             ),
         ]

@@ -356,7 +356,8 @@ def create_app(fm: FrontendManager) -> Guard:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        body = metrics.render(await fm.stats(), len(fm.queues))
+        age = fm.refresh_stats()
+        body = metrics.render(fm.counters(), fm.scheduler_stats, age)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -482,6 +483,9 @@ def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
             "port can use the model (set --api-key or MINISGL_API_KEY)"
         )
     open_limit = args.max_running_req + args.max_queued_requests
+    token_limit = args.max_outstanding_tokens
+    if token_limit is None:  # twice what the KV cache holds: one pool running, one waiting
+        token_limit = 2 * int(info["kv_tokens"])
     fm = FrontendManager(
         args,
         workers,
@@ -489,6 +493,7 @@ def run_api_server(args: Any, workers: List[Any], info: Dict[str, Any]) -> Any:
         int(info.get("max_token_bytes", 0)),
         open_limit,
         int(info.get("min_message_tokens", 0)),
+        token_limit,
     )
     config = uvicorn.Config(
         create_app(fm),

@@ -29,8 +29,10 @@ class ServerArgs(SchedulerConfig):
     ``server_host`` (loopback by default: nothing outside this machine can reach the server
     unless asked for); ``api_key``, ``allowed_origins``, ``allowed_hosts`` and
     ``max_body_bytes`` are the ``Guard``'s; ``max_queued_requests`` is how many requests may
-    wait beyond ``max_running_req`` before new ones get 429; on SIGTERM or Ctrl-C the open
-    requests may run ``shutdown_grace_s`` seconds more before they end with an error."""
+    wait beyond ``max_running_req``, and ``max_outstanding_tokens`` how many tokens of work
+    the open requests may still owe (None: twice the KV cache's tokens; 0: no bound), before
+    new ones get 429; on SIGTERM or Ctrl-C the open requests may run ``shutdown_grace_s``
+    seconds more before they end with an error."""
 
     server_host: str = "127.0.0.1"
     server_port: int = 1919
@@ -42,6 +44,7 @@ class ServerArgs(SchedulerConfig):
     allowed_hosts: Tuple[str, ...] = ()
     max_body_bytes: int = 4 << 20
     max_queued_requests: int = 1024
+    max_outstanding_tokens: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: how long open requests may run on
     # >>> ch23: requests arrive over time, so a long answer must not hold back a short one
     enable_retraction: bool = True
@@ -183,6 +186,14 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         help="requests waiting beyond --max-running-requests before new ones get 429",
     )
     p.add_argument(
+        "--max-outstanding-tokens",
+        type=int,
+        default=None,
+        help="tokens of work the open requests may still cost (prompts not yet read plus "
+        "output still allowed) before new ones get 429 (default: twice the KV cache's "
+        "tokens; 0: no bound)",
+    )
+    p.add_argument(
         "--shutdown-grace",
         dest="shutdown_grace_s",
         type=float,
@@ -236,6 +247,8 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         ns[key] = tuple(x.strip() for x in ns[key].split(",") if x.strip())
     if ns["max_body_bytes"] < 1 or ns["max_queued_requests"] < 0:
         p.error("--max-body-bytes must be >= 1 and --max-queued-requests >= 0")
+    if (ns["max_outstanding_tokens"] or 0) < 0:
+        p.error("--max-outstanding-tokens must be >= 0")
     if not 0 <= ns["shutdown_grace_s"] < float("inf"):
         p.error("--shutdown-grace must be a number of seconds >= 0")
     dtype = ns.pop("dtype")

@@ -13,11 +13,16 @@ API server's shutdown) is called: a server that cannot serve exits rather than a
 forever. Under tensor parallelism the other scheduler ranks are stopped too: they cannot go
 on without their peer.
 
-``submit`` refuses before it registers anything: a full queue (429, ``Retry-After``), a
-server shutting down (503) and a prompt longer in bytes than the context could hold (400,
-without tokenizing it). ``drain`` is the first step of a shutdown: no new request, the open
-ones finish within a grace period or end with an error reply. Mirrors
-upstream ``minisgl.server.api_server.FrontendManager``.
+``submit`` refuses before it registers anything, and before any tokenizing: a server
+shutting down (503), a prompt longer in bytes than the context could hold (400), and
+overload (429, ``Retry-After``): too many open requests, or too many outstanding tokens.
+A request's outstanding tokens are the work it may still cost the engine: until its first
+reply, its prompt (bounded by its bytes) plus its ``max_tokens``; afterwards, the tokens it
+may still generate. Each reply updates them, so the frontend knows the load without asking
+the scheduler; ``/metrics`` and ``/health`` are answered from these counters and never
+wait on another process. ``drain`` is the first step of a shutdown: no new request, the
+open ones finish within a grace period or end with an error reply. Mirrors upstream
+``minisgl.server.api_server.FrontendManager``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Sequence, Set
 
 from minisgl.core import SamplingParams
@@ -42,7 +48,17 @@ if TYPE_CHECKING:
 
 logger = init_logger("minisgl.server.frontend")
 STATS_TIMEOUT_S = 10.0
+STATS_REFRESH_S = 1.0  # /metrics' scheduler figures are at most this old, plus the answer's trip
 PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died  # +ch16
+
+
+@dataclass
+class Work:
+    """What an open request may still cost the engine, in tokens."""
+
+    max_new_tokens: int  # its output budget, the context's limit applied
+    outstanding: int  # prompt bound + output budget until the first reply; then what is left
+    started: bool = False  # a reply came: the scheduler has read its prompt
 
 
 class FrontendManager:
@@ -56,15 +72,23 @@ class FrontendManager:
         max_token_bytes: int = 0,
         max_open_requests: int = 0,
         min_message_tokens: int = 0,
+        max_outstanding_tokens: int = 0,
     ) -> None:
         """``max_token_bytes``: the most UTF-8 bytes one token decodes to (0: no prompt
         bound); ``max_open_requests``: requests running or waiting at most (0: no limit);
         ``min_message_tokens``: the fewest tokens the chat template spends on a message (0:
-        no bound on their count)."""
+        no bound on their count); ``max_outstanding_tokens``: the open requests' work at
+        most, in tokens (0: no limit)."""
         self.args, self.workers, self.max_seq_len = args, workers, max_seq_len
         self.max_prompt_bytes = max_seq_len * (max_token_bytes + 1) if max_token_bytes else 0
         self.max_open_requests = max_open_requests
         self.min_message_tokens = min_message_tokens
+        self.max_outstanding_tokens = max_outstanding_tokens
+        self.work: Dict[int, Work] = {}  # per open request
+        self.outstanding_tokens = 0  # the sum of ``work[uid].outstanding``
+        self.scheduler_stats: Dict[str, int] = {}  # the last answer to a stats query
+        self.scheduler_stats_at = 0.0  # when it came (``time.monotonic()``)
+        self._refreshing = False
         self.on_dead: Callable[[str], None] | None = None
         self._uids = itertools.count()
         self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
@@ -86,6 +110,7 @@ class FrontendManager:
             args.zmq_detokenizer_addr, create=False, encoder=dumps
         )
         self._spawn(self._listen())
+        self.refresh_stats()
         loop = asyncio.get_running_loop()
         for w in self.workers:
             loop.add_reader(w.process.sentinel, self._worker_died, w)
@@ -212,21 +237,15 @@ class FrontendManager:
         tokens of the context is refused rather than answered shorter.
 
         Raises:
-            APIError: 503 (a dead worker, or shutting down), 429 (too many open requests,
-            with ``Retry-After``), 400 (``check_prompt``). Nothing is registered when it raises.
+            APIError: 503 (a dead worker, or shutting down), 400 (``check_prompt``), 429
+            (``check_load``). Nothing is registered when it raises.
         """
         self.check_alive()
         if self.draining:
             raise APIError(503, "the server is shutting down", kind="server_error")
-        if self.max_open_requests and len(self.queues) >= self.max_open_requests:
-            raise APIError(
-                429,
-                f"the server is busy: {len(self.queues)} requests are open (at most "
-                f"{self.max_open_requests}); retry later",
-                kind="rate_limit_error",
-                headers={"Retry-After": "1"},
-            )
         self.check_prompt(text)
+        work = self.estimate_work(text, params.max_tokens)
+        self.check_load(work.outstanding)
         uid = next(self._uids)
         msg = TokenizeMsg(
             uid=uid,
@@ -237,12 +256,78 @@ class FrontendManager:
             context_len=self.max_seq_len if strict_max_tokens else 0,
         )
         self.queues[uid] = asyncio.Queue()
+        self.work[uid] = work
+        self.outstanding_tokens += work.outstanding
         try:
             await self.send.put(msg)
         except BaseException:  # unencodable, or cancelled: leave nothing behind
-            self.queues.pop(uid, None)
+            self._forget(uid)
             raise
         return uid
+
+    def estimate_work(self, text: str | List[Dict[str, str]], max_tokens: int) -> Work:
+        """A new request's outstanding tokens, before tokenizing: its prompt bounded by its
+        UTF-8 bytes (a token is at least one byte) plus the template's tokens per message,
+        plus its output budget, all within the context."""
+        chat = not isinstance(text, str)
+        parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
+        prompt = sum(len(p.encode("utf-8")) for p in parts)
+        prompt += len(text) * self.min_message_tokens if chat else 0
+        new = min(max_tokens, self.max_seq_len)
+        return Work(new, min(prompt + new, self.max_seq_len))
+
+    def check_load(self, tokens: int) -> None:
+        """Refuse a request when the open ones already reach ``max_open_requests``, or when
+        its ``tokens`` would take the outstanding work past ``max_outstanding_tokens`` (a
+        request alone is always let in, however large).
+
+        Raises:
+            APIError: 429 naming the limit, with ``Retry-After: 1``.
+        """
+        open_now, queued = len(self.queues), self.outstanding_tokens
+        if self.max_open_requests and open_now >= self.max_open_requests:
+            why = f"{open_now} requests are open (at most {self.max_open_requests})"
+        elif (
+            self.max_outstanding_tokens and queued and queued + tokens > self.max_outstanding_tokens
+        ):
+            why = (
+                f"{queued} tokens of work are outstanding and this request may add {tokens} "
+                f"(at most {self.max_outstanding_tokens})"
+            )
+        else:
+            return
+        raise APIError(
+            429,
+            f"the server is busy: {why}; retry later",
+            kind="rate_limit_error",
+            headers={"Retry-After": "1"},
+        )
+
+    def _forget(self, uid: int) -> None:
+        self.queues.pop(uid, None)
+        work = self.work.pop(uid, None)
+        if work is not None:
+            self.outstanding_tokens -= work.outstanding
+
+    def _account(self, reply: UserReply) -> None:
+        """A reply's news for the counters: the prompt is read, and so many tokens made."""
+        work = self.work.get(reply.uid)
+        if work is None:
+            return
+        budget = min(work.max_new_tokens, self.max_seq_len - reply.num_prompt_tokens)
+        left = 0 if reply.finished else max(0, budget - reply.num_output_tokens)
+        self.outstanding_tokens += left - work.outstanding
+        work.outstanding, work.started = left, True
+
+    def counters(self) -> Dict[str, float]:
+        """The frontend's own figures, current without asking any other process."""
+        started = sum(1 for w in self.work.values() if w.started)
+        return {
+            "open_requests": len(self.queues),
+            "started_requests": started,
+            "waiting_requests": len(self.work) - started,
+            "outstanding_tokens": self.outstanding_tokens,
+        }
 
     async def replies(self, uid: int) -> AsyncGenerator[UserReply, None]:
         """The replies of request ``uid`` up to and including the finished one. The request
@@ -254,14 +339,14 @@ class FrontendManager:
                 finished = reply.finished
                 yield reply
         finally:
-            self.queues.pop(uid, None)
+            self._forget(uid)
             if not finished:
                 self.abort(uid)
 
     def abort(self, uid: int) -> None:
         """Tell the pipeline to drop ``uid``; safe to call from a ``finally`` of a
         cancelled task (it does not await)."""
-        self.queues.pop(uid, None)
+        self._forget(uid)
         if self.dead is None and not self.stopping:
             logger.info(f"request {uid}: client gone, aborting")
             self._spawn(self.send.put(AbortMsg(uid=uid)))
@@ -286,6 +371,25 @@ class FrontendManager:
         finally:
             self.stats_waiters.pop(uid, None)
 
+    def refresh_stats(self) -> float:
+        """Ask the scheduler for its counters in the background when the last answer
+        (``scheduler_stats``) is older than ``STATS_REFRESH_S``; never waits. Returns that
+        answer's age in seconds (infinite before the first)."""
+        age = time.monotonic() - self.scheduler_stats_at if self.scheduler_stats else float("inf")
+        if age > STATS_REFRESH_S and not self._refreshing and self.dead is None:
+            self._refreshing = True
+            self._spawn(self._refresh())
+        return age
+
+    async def _refresh(self) -> None:
+        try:
+            stats = await self.stats()
+            self.scheduler_stats, self.scheduler_stats_at = stats, time.monotonic()
+        except APIError:
+            pass  # the figures stay as old as their age says
+        finally:
+            self._refreshing = False
+
     async def _listen(self) -> None:
         while True:
             msg = await self.recv.get()
@@ -295,4 +399,5 @@ class FrontendManager:
                     if fut is not None and not fut.done():
                         fut.set_result(reply.stats)
                 elif isinstance(reply, UserReply) and reply.uid in self.queues:
+                    self._account(reply)
                     self.queues[reply.uid].put_nowait(reply)

@@ -85,8 +85,13 @@ def _scheduler_main(args: ServerArgs, ack: "mp.Queue[Dict[str, Any]]") -> None:
             from minisgl.scheduler.trace import TraceRecorder
 
             recorder = TraceRecorder.attach(scheduler)
+        engine = scheduler.engine
         ack.put(
-            {"name": f"scheduler-{args.tp_info.rank}", "max_seq_len": scheduler.engine.max_seq_len}
+            {
+                "name": f"scheduler-{args.tp_info.rank}",
+                "max_seq_len": engine.max_seq_len,
+                "kv_tokens": engine.num_pages * engine.config.page_size,
+            }
         )
         with torch.inference_mode():
             scheduler.run_forever()

@@ -1,12 +1,15 @@
 """``GET /metrics``: the server's counters in Prometheus' text format (``prometheus-client``).
 
-Two kinds of figures. Measured by the API server as replies pass: time to first token
+Three kinds of figures. Measured by the API server as replies pass: time to first token
 (TTFT, request received -> first text) and time per output token (TPOT, the mean gap
 between tokens after the first, per request) as histograms, and the output tokens counted
 (Prometheus derives tokens/s with ``rate(minisgl_generation_tokens_total[1m])``; the gauge
 ``minisgl_generation_tokens_per_second`` is the same over the last ``WINDOW_S`` seconds,
-for a glance without a Prometheus server). Asked of the scheduler at each scrape
-(``/stats``): running and queued requests, KV pages used and in total. Each app has its own
+for a glance without a Prometheus server). Kept by the frontend (``FrontendManager.counters``):
+open requests, those started (a reply came) and those still waiting, and the outstanding
+tokens that ``--max-outstanding-tokens`` bounds. Last heard from the scheduler (refreshed in
+the background, never awaited by a scrape, with its age as a gauge): KV pages used and in
+total. So a scrape is answered at once however busy the workers are. Each app has its own
 registry, so two servers in one process (tests) do not share figures. SGLang exports the
 same under ``sglang:`` names.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Deque, Dict, Tuple
+from typing import Deque, Mapping, Tuple
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -51,11 +54,17 @@ class Metrics:
         self.tokens_per_s = Gauge(
             "minisgl_generation_tokens_per_second", f"over the last {WINDOW_S:.0f} s", registry=r
         )
-        self.running = Gauge("minisgl_num_running_reqs", "requests decoding", registry=r)
-        self.queued = Gauge("minisgl_num_queued_reqs", "requests waiting", registry=r)
+        self.running = Gauge("minisgl_num_running_reqs", "requests with output", registry=r)
+        self.queued = Gauge("minisgl_num_queued_reqs", "requests without output", registry=r)
         self.open = Gauge("minisgl_num_open_reqs", "requests the API holds", registry=r)
+        self.outstanding = Gauge(
+            "minisgl_outstanding_tokens", "tokens the open requests may still cost", registry=r
+        )
         self.pages_used = Gauge("minisgl_kv_pages_used", "KV pages in use", registry=r)
         self.pages_total = Gauge("minisgl_kv_pages_total", "KV pages", registry=r)
+        self.stats_age = Gauge(
+            "minisgl_scheduler_stats_age_seconds", "age of the KV page figures", registry=r
+        )
         self._recent: Deque[Tuple[float, int]] = collections.deque()  # (finish time, tokens)
 
     def first_token(self, seconds: float) -> None:
@@ -69,14 +78,20 @@ class Metrics:
             self.tpot.observe(decode_seconds / (tokens - 1))
         self._recent.append((time.monotonic(), tokens))
 
-    def render(self, stats: Dict[str, int], open_requests: int) -> bytes:
+    def render(
+        self, counters: Mapping[str, float], scheduler: Mapping[str, int], age_s: float
+    ) -> bytes:
+        """The text of a scrape: ``counters`` the frontend's (``FrontendManager.counters``),
+        ``scheduler`` its last stats answer, ``age_s`` seconds old (empty: not yet known)."""
         now = time.monotonic()
         while self._recent and self._recent[0][0] < now - WINDOW_S:
             self._recent.popleft()
         self.tokens_per_s.set(sum(n for _, n in self._recent) / WINDOW_S)
-        self.running.set(stats["running_reqs"])
-        self.queued.set(stats["pending_reqs"])
-        self.open.set(open_requests)
-        self.pages_used.set(stats["kv_pages_in_use"])
-        self.pages_total.set(stats["kv_pages_total"])
+        self.running.set(counters["started_requests"])
+        self.queued.set(counters["waiting_requests"])
+        self.open.set(counters["open_requests"])
+        self.outstanding.set(counters["outstanding_tokens"])
+        self.pages_used.set(scheduler.get("kv_pages_in_use", 0))
+        self.pages_total.set(scheduler.get("kv_pages_total", 0))
+        self.stats_age.set(age_s)
         return generate_latest(self.registry)
