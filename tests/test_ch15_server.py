@@ -442,3 +442,27 @@ def test_a_traced_server_records_eight_concurrent_clients(qwen3_path, tmp_path):
     )
     finished = [r["uid"] for s in doc["steps"] for r in s["reqs"] if r["finished"]]
     assert sorted(finished) == sorted(by_uid)
+
+
+def test_outstanding_tokens_follow_each_request_from_estimate_to_zero():
+    from minisgl.message.frontend import UserReply
+    from minisgl.server.frontend import FrontendManager
+    from minisgl.server.protocol import APIError
+
+    fm = FrontendManager(None, [], 512, max_outstanding_tokens=600)
+    first = fm.estimate_work("x" * 100, 50)  # no prompt seen yet: a token per byte
+    assert (first.outstanding, first.max_new_tokens) == (150, 50)
+    fm.work[0], fm.outstanding_tokens = first, first.outstanding
+    fm._account(UserReply(0, "a", False, num_prompt_tokens=25, num_output_tokens=1))
+    assert fm.outstanding_tokens == 49  # the prompt is read: only the output is left
+    assert fm.tokens_per_byte == 0.25  # and it showed a token per four bytes
+    assert fm.estimate_work("y" * 100, 50).outstanding == 75
+    fm.check_load(551)  # 49 + 551 = 600: the bound itself is allowed
+    with pytest.raises(APIError) as e:
+        fm.check_load(552)
+    assert e.value.status == 429 and "49 tokens of work are outstanding" in str(e.value)
+    fm._account(UserReply(0, "b", True, "stop", num_prompt_tokens=25, num_output_tokens=2))
+    assert fm.outstanding_tokens == 0
+    fm._forget(0)
+    assert fm.outstanding_tokens == 0 and not fm.work
+    fm.check_load(10_000)  # a request alone is always let in

@@ -17,8 +17,8 @@ on without their peer.
 shutting down (503), a prompt longer in bytes than the context could hold (400), and
 overload (429, ``Retry-After``): too many open requests, or too many outstanding tokens.
 A request's outstanding tokens are the work it may still cost the engine: until its first
-reply, its prompt (bounded by its bytes) plus its ``max_tokens``; afterwards, the tokens it
-may still generate. Each reply updates them, so the frontend knows the load without asking
+reply, its prompt (estimated from its bytes) plus its ``max_tokens``; afterwards, the tokens
+it may still generate. Each reply updates them, so the frontend knows the load without asking
 the scheduler; ``/metrics`` and ``/health`` are answered from these counters and never
 wait on another process. ``drain`` is the first step of a shutdown: no new request, the
 open ones finish within a grace period or end with an error reply. Mirrors upstream
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Sequence, Set
@@ -57,7 +58,9 @@ class Work:
     """What an open request may still cost the engine, in tokens."""
 
     max_new_tokens: int  # its output budget, the context's limit applied
-    outstanding: int  # prompt bound + output budget until the first reply; then what is left
+    outstanding: int  # prompt estimate + output budget until the first reply; then what is left
+    prompt_bytes: int = 0  # UTF-8 bytes of its text (its messages' contents, for a chat)
+    template_tokens: int = 0  # the chat template's fewest tokens for its messages
     started: bool = False  # a reply came: the scheduler has read its prompt
 
 
@@ -86,6 +89,8 @@ class FrontendManager:
         self.max_outstanding_tokens = max_outstanding_tokens
         self.work: Dict[int, Work] = {}  # per open request
         self.outstanding_tokens = 0  # the sum of ``work[uid].outstanding``
+        self.tokens_per_byte = 1.0  # prompts seen so far (a token is at least a byte)
+        self._prompts_seen = 0
         self.scheduler_stats: Dict[str, int] = {}  # the last answer to a stats query
         self.scheduler_stats_at = 0.0  # when it came (``time.monotonic()``)
         self._refreshing = False
@@ -266,15 +271,17 @@ class FrontendManager:
         return uid
 
     def estimate_work(self, text: str | List[Dict[str, str]], max_tokens: int) -> Work:
-        """A new request's outstanding tokens, before tokenizing: its prompt bounded by its
-        UTF-8 bytes (a token is at least one byte) plus the template's tokens per message,
-        plus its output budget, all within the context."""
+        """A new request's outstanding tokens, before tokenizing: its prompt's UTF-8 bytes
+        at the tokens per byte that earlier prompts showed (one before any: a token is at
+        least a byte), plus the template's tokens per message, plus its output budget, all
+        within the context."""
         chat = not isinstance(text, str)
         parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
-        prompt = sum(len(p.encode("utf-8")) for p in parts)
-        prompt += len(text) * self.min_message_tokens if chat else 0
+        size = sum(len(p.encode("utf-8")) for p in parts)
+        template = len(text) * self.min_message_tokens if chat else 0
+        prompt = math.ceil(size * self.tokens_per_byte) + template
         new = min(max_tokens, self.max_seq_len)
-        return Work(new, min(prompt + new, self.max_seq_len))
+        return Work(new, min(prompt + new, self.max_seq_len), size, template)
 
     def check_load(self, tokens: int) -> None:
         """Refuse a request when the open ones already reach ``max_open_requests``, or when
@@ -314,6 +321,12 @@ class FrontendManager:
         work = self.work.get(reply.uid)
         if work is None:
             return
+        if not work.started and reply.num_prompt_tokens and work.prompt_bytes:
+            # the mean of the first prompts, then a moving average: what the next cost
+            seen = max(0, reply.num_prompt_tokens - work.template_tokens) / work.prompt_bytes
+            self._prompts_seen += 1
+            weight = 1 / min(self._prompts_seen, 32)
+            self.tokens_per_byte += weight * (min(seen, 1.0) - self.tokens_per_byte)
         budget = min(work.max_new_tokens, self.max_seq_len - reply.num_prompt_tokens)
         left = 0 if reply.finished else max(0, budget - reply.num_output_tokens)
         self.outstanding_tokens += left - work.outstanding
