@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -341,6 +342,22 @@ def test_stop_token_ids_end_the_answer(server, tok):
         f"{''.join(chunks)!r}, {reason!r}",
         "".join(chunks) == gen["text"][: gen["text"].index(",")] and reason == "stop",
     )
+    no_leak(server)
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_not_an_internal_error(server):
+    before = server.output().count("Traceback")
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+    head += "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head.encode() + b'{"model":')  # 9 of the 100 bytes promised
+        time.sleep(0.3)
+    time.sleep(0.5)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    log = server.output()
+    got = f"{log.count('Traceback') - before} new tracebacks, 'internal error' {'internal error' in log}"
+    record("client leaves mid-body", "no traceback, no 500", got, got.startswith("0 new"))
+    assert "internal error" not in log
     no_leak(server)
 
 

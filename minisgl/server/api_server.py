@@ -30,6 +30,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from minisgl.message.frontend import UserReply
 from minisgl.utils import init_logger
@@ -322,6 +323,10 @@ def create_app(fm: FrontendManager) -> Guard:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _left(_: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=499)  # it hung up while sending its body: nobody reads this
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, exc: Exception) -> JSONResponse:
