@@ -361,8 +361,8 @@ def create_app(fm: FrontendManager) -> Guard:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        age = fm.refresh_stats()
-        body = metrics.render(fm.counters(), fm.scheduler_stats, age)
+        figures, age = await fm.scheduler_figures()
+        body = metrics.render(fm.counters(), figures, age)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

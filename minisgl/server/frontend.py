@@ -19,8 +19,9 @@ overload (429, ``Retry-After``): too many open requests, or too many outstanding
 A request's outstanding tokens are the work it may still cost the engine: until its first
 reply, its prompt (estimated from its bytes) plus its ``max_tokens``; afterwards, the tokens
 it may still generate. Each reply updates them, so the frontend knows the load without asking
-the scheduler; ``/metrics`` and ``/health`` are answered from these counters and never
-wait on another process. ``drain`` is the first step of a shutdown: no new request, the
+the scheduler; ``/health`` is answered from them and ``/metrics`` too, with the
+scheduler's KV-page figures as last heard (``scheduler_figures``: never more than
+``STATS_WAIT_S`` of waiting for a fresh answer). ``drain`` is the first step of a shutdown: no new request, the
 open ones finish within a grace period or end with an error reply. Mirrors upstream
 ``minisgl.server.api_server.FrontendManager``.
 """
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 logger = init_logger("minisgl.server.frontend")
 STATS_TIMEOUT_S = 10.0
-STATS_REFRESH_S = 1.0  # /metrics' scheduler figures are at most this old, plus the answer's trip
+STATS_REFRESH_S = 1.0  # /metrics asks the scheduler again when its figures are older than this
+STATS_WAIT_S = 0.2  # and waits this long at most for the answer
 PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died  # +ch16
 
 
@@ -93,7 +95,7 @@ class FrontendManager:
         self._prompts_seen = 0
         self.scheduler_stats: Dict[str, int] = {}  # the last answer to a stats query
         self.scheduler_stats_at = 0.0  # when it came (``time.monotonic()``)
-        self._refreshing = False
+        self._refresh_task: asyncio.Task[None] | None = None
         self.on_dead: Callable[[str], None] | None = None
         self._uids = itertools.count()
         self.queues: Dict[int, asyncio.Queue[UserReply]] = {}
@@ -115,7 +117,6 @@ class FrontendManager:
             args.zmq_detokenizer_addr, create=False, encoder=dumps
         )
         self._spawn(self._listen())
-        self.refresh_stats()
         loop = asyncio.get_running_loop()
         for w in self.workers:
             loop.add_reader(w.process.sentinel, self._worker_died, w)
@@ -146,10 +147,11 @@ class FrontendManager:
             for uid, q in self.queues.items():
                 q.put_nowait(UserReply(uid=uid, incremental_output="", finished=True, error=reason))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # a strong reference, or the task may be collected mid-flight
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _worker_died(self, worker: Worker) -> None:
         asyncio.get_running_loop().remove_reader(worker.process.sentinel)
@@ -384,15 +386,24 @@ class FrontendManager:
         finally:
             self.stats_waiters.pop(uid, None)
 
-    def refresh_stats(self) -> float:
-        """Ask the scheduler for its counters in the background when the last answer
-        (``scheduler_stats``) is older than ``STATS_REFRESH_S``; never waits. Returns that
-        answer's age in seconds (infinite before the first)."""
-        age = time.monotonic() - self.scheduler_stats_at if self.scheduler_stats else float("inf")
-        if age > STATS_REFRESH_S and not self._refreshing and self.dead is None:
-            self._refreshing = True
-            self._spawn(self._refresh())
-        return age
+    async def scheduler_figures(self) -> tuple[Dict[str, int], float]:
+        """The scheduler's last counters (``stats``) and their age in seconds (infinite
+        before the first answer). Older than ``STATS_REFRESH_S``, they are asked for again,
+        and the answer awaited for ``STATS_WAIT_S`` at most: a busy scheduler's figures
+        arrive for a later call, and this one shows the old ones with their age."""
+        if self._stats_age() > STATS_REFRESH_S and self.dead is None:
+            if self._refresh_task is None or self._refresh_task.done():
+                self._refresh_task = self._spawn(self._refresh())
+            try:
+                await asyncio.wait_for(asyncio.shield(self._refresh_task), STATS_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        return self.scheduler_stats, self._stats_age()
+
+    def _stats_age(self) -> float:
+        if not self.scheduler_stats:
+            return float("inf")
+        return time.monotonic() - self.scheduler_stats_at
 
     async def _refresh(self) -> None:
         try:
@@ -400,8 +411,6 @@ class FrontendManager:
             self.scheduler_stats, self.scheduler_stats_at = stats, time.monotonic()
         except APIError:
             pass  # the figures stay as old as their age says
-        finally:
-            self._refreshing = False
 
     async def _listen(self) -> None:
         while True:
