@@ -19,10 +19,10 @@ overload (429, ``Retry-After``): too many open requests, or too many outstanding
 A request's outstanding tokens are the work it may still cost the engine: until its first
 reply, its prompt (estimated from its bytes) plus its ``max_tokens``; afterwards, the tokens
 it may still generate. Each reply updates them, so the frontend knows the load without asking
-the scheduler; ``/health`` is answered from them and ``/metrics`` too, with the
-scheduler's KV-page figures as last heard (``scheduler_figures``: never more than
-``STATS_WAIT_S`` of waiting for a fresh answer). ``drain`` is the first step of a shutdown: no new request, the
-open ones finish within a grace period or end with an error reply. Mirrors upstream
+the scheduler. ``/metrics`` renders these counters, with the scheduler's KV-page figures as
+last heard (``scheduler_figures`` waits ``STATS_WAIT_S`` at most for fresh ones).
+``drain`` is the first step of a shutdown: no new request, the open ones finish within a
+grace period or end with an error reply. Mirrors upstream
 ``minisgl.server.api_server.FrontendManager``.
 """
 
@@ -324,7 +324,7 @@ class FrontendManager:
         if work is None:
             return
         if not work.started and reply.num_prompt_tokens and work.prompt_bytes:
-            # the mean of the first prompts, then a moving average: what the next cost
+            # tokens per byte: the mean of the first 32 prompts, then a moving average
             seen = max(0, reply.num_prompt_tokens - work.template_tokens) / work.prompt_bytes
             self._prompts_seen += 1
             weight = 1 / min(self._prompts_seen, 32)

@@ -9,8 +9,8 @@ for a glance without a Prometheus server). Kept by the frontend (``FrontendManag
 open requests, those started (a reply came) and those still waiting, and the outstanding
 tokens that ``--max-outstanding-tokens`` bounds. Last heard from the scheduler, with their age
 as a gauge: KV pages used and in total (``FrontendManager.scheduler_figures`` asks again
-when they are over a second old and waits 0.2 s at most). So a scrape is answered at once
-however busy the workers are. Each app has its own
+when they are over a second old and waits 0.2 s at most). So a scrape is answered within
+0.2 s however busy the workers are. Each app has its own
 registry, so two servers in one process (tests) do not share figures. SGLang exports the
 same under ``sglang:`` names.
 """
