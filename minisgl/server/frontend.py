@@ -55,6 +55,12 @@ STATS_WAIT_S = 0.2  # and waits this long at most for the answer
 PEER_STOP_TIMEOUT_S = 5.0  # a rank's grace to exit on SIGTERM after its peer died  # +ch16
 
 
+def prompt_bytes(text: str | List[Dict[str, str]]) -> int:
+    """UTF-8 bytes of a prompt, or of a chat's message contents."""
+    parts = [text] if isinstance(text, str) else [m["content"] for m in text]
+    return sum(len(p.encode("utf-8")) for p in parts)
+
+
 @dataclass
 class Work:
     """What an open request may still cost the engine, in tokens."""
@@ -220,8 +226,7 @@ class FrontendManager:
             )
         if not self.max_prompt_bytes:
             return
-        parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
-        size = sum(len(p.encode("utf-8")) for p in parts)
+        size = prompt_bytes(text)
         if size > self.max_prompt_bytes:
             field = "messages" if chat else "prompt"
             raise APIError(
@@ -277,10 +282,8 @@ class FrontendManager:
         at the tokens per byte that earlier prompts showed (one before any: a token is at
         least a byte), plus the template's tokens per message, plus its output budget, all
         within the context."""
-        chat = not isinstance(text, str)
-        parts = [m["content"] for m in text] if chat else [text]  # type: ignore[index]
-        size = sum(len(p.encode("utf-8")) for p in parts)
-        template = len(text) * self.min_message_tokens if chat else 0
+        size = prompt_bytes(text)
+        template = 0 if isinstance(text, str) else len(text) * self.min_message_tokens
         prompt = math.ceil(size * self.tokens_per_byte) + template
         new = min(max_tokens, self.max_seq_len)
         return Work(new, min(prompt + new, self.max_seq_len), size, template)
