@@ -390,7 +390,7 @@ def test_metrics_count_what_was_served(server):
     record("/metrics", "all six, tokens > 0", got, not missing)
     assert samples["minisgl_generation_tokens_total"] > 0
     assert samples["minisgl_time_to_first_token_seconds_count"] > 0
-    # the frontend's counters when idle, and the scheduler's figures heard in the background
+    # the frontend's counters when idle, and the scheduler's figures fetched for the scrape
     assert samples["minisgl_outstanding_tokens"] == samples["minisgl_num_open_reqs"] == 0
     assert samples["minisgl_kv_pages_total"] > 0
     assert 0 <= samples["minisgl_scheduler_stats_age_seconds"] < 60
