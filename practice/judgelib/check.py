@@ -136,6 +136,7 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
     """Problems found (empty when sound); prints progress. ``partial``: a GPU exercise run
     on the CPU (see the module docstring)."""
     errors: List[str] = []
+    opts = replace(opts, references={})  # one run of the engine's module for every variant
     tmp = Path(tempfile.mkdtemp(prefix=f"minisgl-check-{p.id}-"))
     try:
         for run in _runs(root, p, tmp, errors):

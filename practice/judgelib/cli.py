@@ -202,7 +202,13 @@ def cmd_verify(root: Path, args) -> int:
         print(f"{file} (the file the record names) does not exist; give it with --file")
         return 2
     quick = bool(old.get("quick"))
-    opts = Options(args.device or old.get("device"), args.time_limit, args.keep, quick=quick)
+    opts = Options(
+        args.device or old.get("device"),
+        args.time_limit,
+        args.keep,
+        quick=quick,
+        seed=old.get("seed"),  # the same inputs as the recorded run
+    )
     v = judge_file(root, problem, file, opts)
     diffs = record.compare(old, record.make(root, problem, file, v, quick))
     errors = [d for d in diffs if not d.startswith("note:")]

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from . import chapter, integrity, runner, sandbox, speed
+from . import chapter, compare, integrity, runner, sandbox, speed
 from .problems import Problem
 from .verdict import (
     COMPILE,
     Verdict,
+    against_reference,
     case_line,
     compile_check,
     first_failure_block,
@@ -36,6 +37,9 @@ class Options:
     # restore the repository's engine, tests and judge after the run (`test`, `verify`);
     # never in `check`, whose files are the maintainer's and whose repository they edit
     guard_repo: bool = True
+    seed: Optional[int] = None  # the tests' seeds are salted with it; None: drawn per run
+    # the engine's own runs, kept across the judgements of one `check` (reference_run)
+    references: Optional[Dict[tuple, "Reference"]] = None
 
 
 def chapter_tests(root: Path, problem: Problem, opts: Options) -> Tuple[List[str], List[str]]:
@@ -83,6 +87,7 @@ BOX_GUARDED = [
     "tools",
     "examples",
     f"{sandbox.PLUGIN_NAME}.py",
+    f"{sandbox.RECORDER_NAME}.py",
     "sitecustomize.py",  # the guard that keeps `import minisgl` in the sandbox (tools/steps.py)
 ]
 
@@ -139,6 +144,78 @@ def count_cases(root: Path, problem: Problem, opts: Options) -> Optional[int]:
     finally:
         sandbox.remove(box)
     return None
+
+
+@dataclass
+class Reference:
+    """The engine's own module run on the judged inputs: the cases it passed (the only
+    cases a verdict counts) and its record (recorder.py)."""
+
+    seed: int
+    cases: List[str]
+    record: compare.Record
+    seconds: float
+
+
+def recording_env(env: Dict[str, str], box: Path, problem: Problem, seed: int) -> Dict[str, str]:
+    """The child's environment for a recorded run on the inputs of ``seed``."""
+    return dict(
+        env,
+        JUDGE_RECORD=str(box / "record.jsonl"),
+        JUDGE_SYMBOLS=json.dumps(problem.symbols),
+        JUDGE_SEED=str(seed),
+        PYTHONHASHSEED=str(seed % 4294967295),
+    )
+
+
+def draw_seed() -> int:
+    import secrets
+
+    return 1 + secrets.randbelow(2**31 - 2)
+
+
+def reference_run(
+    root: Path, problem: Problem, tests: List[str], opts: Options, seed: int, time_limit: float
+) -> Reference:
+    """Run the tests with the engine's own module in a fresh sandbox and process; if a case
+    fails there on these inputs (a statistical test unlucky with this seed, say), draw
+    another seed once. Raises RuntimeError when the engine itself does not pass."""
+    key = (problem.id, tuple(tests), opts.device, opts.seed, opts.quick)
+    if opts.references is not None and key in opts.references:
+        return opts.references[key]
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        box, targets = sandbox.build(root, problem, None, tests)
+        try:
+            env = runner.child_env(
+                box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
+            )
+            interpret_triton(problem, opts.device, env)
+            env = recording_env(env, box, problem, seed)
+            res = runner.run(box, targets, env, problem.time_limit, problem.total_time_limit)
+            record = compare.load(box / "record.jsonl")
+        finally:
+            sandbox.remove(box)
+        failed = [c.nodeid for c in res.cases if c.outcome not in ("passed", "skipped")]
+        if not failed and res.finished and not res.tampered and not record.unreadable:
+            ref = Reference(
+                seed,
+                [c.nodeid for c in res.cases if c.outcome == "passed"],
+                record,
+                time.perf_counter() - t0,
+            )
+            if opts.references is not None:
+                opts.references[key] = ref
+            return ref
+        if opts.seed is not None or attempt:
+            break
+        seed = draw_seed()
+    raise RuntimeError(
+        f"the engine's own module does not pass exercise {problem.id}'s cases "
+        f"(seed {seed}: {', '.join(failed[:3]) or record.unreadable or 'the run did not finish'}); "
+        "this is the judge's problem, not yours: python practice/judge.py check "
+        f"{problem.id} shows more"
+    )
 
 
 REFERENCE_TIMES = "reference_times.json"  # beside problem.md, written by `check`
@@ -211,6 +288,13 @@ def speed_part(
     return sr
 
 
+def _digest(record: compare.Record) -> str:
+    import hashlib
+
+    text = json.dumps(record.cases, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdict:
     t0 = time.perf_counter()
     say = (lambda *a: None) if opts.quiet else print  # noqa: E731
@@ -236,6 +320,10 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         if opts.guard_repo
         else None
     )
+    seed = opts.seed if opts.seed is not None else draw_seed()
+    say("  running the engine's own module on this run's inputs ...")
+    reference = reference_run(root, problem, tests, opts, seed, time_limit)
+    seed = reference.seed
     box, targets = sandbox.build(root, problem, file, tests)
     box_guard = integrity.FileGuard(box, BOX_GUARDED, skip=[problem.module], keep=False)
     integrity.protect(box, BOX_GUARDED, leave=box / problem.module)
@@ -244,6 +332,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             box, opts.device, problem.module_name, box / "events.jsonl", root / "models"
         )
         interpret_triton(problem, opts.device, env)
+        env = recording_env(env, box, problem, seed)
         width = 60
         limits = case_limits(problem, time_limit, opts)
         ref_device = reference_device(problem)
@@ -287,6 +376,10 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             )
         ref_total = count_cases(root, problem, opts) if res.collect_errors else None
         v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
+        # the verdict's evidence: what the code did against what the engine's did
+        record = compare.load(box / "record.jsonl")
+        agree, differ = compare.compare(record, reference.record, reference.cases)
+        v = against_reference(v, problem, res, reference.cases, differ)
         v.record = {
             "cases": [
                 {"case": c.nodeid, "outcome": c.outcome, "seconds": round(c.duration, 4)}
@@ -296,6 +389,14 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
             "device_name": res.device_name,
             "versions": res.versions,
             "targets": targets,
+            "seed": seed,
+            "reference": {
+                "cases": len(reference.cases),
+                "agree": len(agree),
+                "record_sha256": _digest(reference.record),
+                "differ": dict(list(differ.items())[:5]),
+            },
+            "record_sha256": _digest(record),
         }
         for prefix in {str(box), str(box.resolve())}:  # show paths as the learner knows them
             v.detail = v.detail.replace(f"{prefix}/{problem.module}", shown).replace(

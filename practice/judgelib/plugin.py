@@ -386,10 +386,37 @@ def pytest_collection_finish(session) -> None:
 
 _state: dict = {}
 
+# -- the record of what the exercise's code did (recorder.py) ------------------------------
+
+_RECORD = os.environ.get("JUDGE_RECORD")
+_SYMBOLS = json.loads(os.environ.get("JUDGE_SYMBOLS", "[]"))
+_installed: list = []
+
+
+def _install_recorder() -> None:
+    """Once the tests have imported the exercise's module, swap in the recorder."""
+    mod = sys.modules.get(os.environ.get("JUDGE_MODULE", ""))
+    if _installed or not _RECORD or mod is None:
+        return
+    import _judge_recorder
+
+    _installed.append(mod)
+    try:
+        missing = _judge_recorder.install(mod, _SYMBOLS)
+    except Exception as e:  # noqa: BLE001 - a module the recorder cannot read: nothing recorded
+        missing = [f"{type(e).__name__}: {e}"]
+    if missing:
+        _emit(ev="record_missing", symbols=missing)
+
 
 def pytest_runtest_logstart(nodeid, location) -> None:
     _state.clear()
     _state.update(nodeid=nodeid, t0=time.perf_counter(), outcome="passed", failure=None, body=False)
+    _install_recorder()
+    if _installed:
+        import _judge_recorder
+
+        _judge_recorder.begin_case()
     _emit(ev="start", case=nodeid)
 
 
@@ -456,6 +483,11 @@ def pytest_runtest_logreport(report) -> None:
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
     _check(f"after {nodeid}")
+    if _RECORD:
+        _install_recorder()  # a module first imported inside this case: its next case records
+        import _judge_recorder
+
+        _judge_recorder.end_case(nodeid, _RECORD)
     _emit(
         ev="result",
         case=nodeid,

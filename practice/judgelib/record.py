@@ -73,6 +73,11 @@ def make(root: Path, problem: Problem, file: Path, v: Verdict, quick: bool) -> d
         "tests": _test_files(root, problem, rec.get("targets", [])),
         "judge_sha256": _judge_code(root),
         "cases": rec.get("cases", []),
+        # the comparison the verdict rests on: the inputs' seed, both records' hashes and
+        # where they first differ (compare.py)
+        "seed": rec.get("seed"),
+        "reference": rec.get("reference"),
+        "record_sha256": rec.get("record_sha256"),
         "speed": rec.get("speed"),
         "device": rec.get("device", "?"),
         "device_name": rec.get("device_name", ""),
@@ -94,6 +99,8 @@ def compare(old: dict, new: dict) -> List[str]:
     for key in ("exercise", "verdict", "passed", "total", "skipped", "first_failure"):
         if old.get(key) != new.get(key):
             out.append(f"{key}: recorded {old.get(key)!r}, now {new.get(key)!r}")
+    if old.get("record_sha256") != new.get("record_sha256"):
+        out.append("the record of what the code did differs from the recorded one")
     if old["submission"]["sha256"] != new["submission"]["sha256"]:
         out.append("the submitted file is not the one recorded (SHA-256 differs)")
     for path, digest in old.get("tests", {}).items():

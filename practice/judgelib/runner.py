@@ -276,6 +276,8 @@ def run(
                         res.case_limit = limit
                     elif kind == "result":
                         case = by_id.setdefault(ev["case"], Case(ev["case"]))
+                        if case.outcome != "not run":
+                            res.tampered.append(f"{case.nodeid} was reported twice")
                         case.outcome, case.failure = ev["outcome"], ev.get("failure")
                         # the judge's clock, not the child's (which the learner can patch)
                         case.duration = time.monotonic() - case_t0

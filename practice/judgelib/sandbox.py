@@ -17,6 +17,7 @@ from . import chapter
 from .problems import Problem
 
 PLUGIN_NAME = "_judge_plugin"
+RECORDER_NAME = "_judge_recorder"
 
 
 def own_test_name(problem: Problem, test: Path) -> str:
@@ -47,6 +48,7 @@ def build(
         targets.append(name)
     targets += problem.tests if chapter_tests is None else chapter_tests
     shutil.copyfile(Path(__file__).with_name("plugin.py"), box / f"{PLUGIN_NAME}.py")
+    shutil.copyfile(Path(__file__).with_name("recorder.py"), box / f"{RECORDER_NAME}.py")
     (box / "tmp").mkdir()
     return box, targets
 

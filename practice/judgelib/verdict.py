@@ -233,6 +233,40 @@ def judge(
     return v
 
 
+def against_reference(
+    v: Verdict, problem: Problem, res: RunResult, reference: List[str], differ: dict
+) -> Verdict:
+    """The verdict once the records are compared (compare.py). The cases are the ones the
+    engine's own module passed (``reference``); the learner's process saying a case passed
+    is needed, never enough: its record must agree with the engine's, and a case it did not
+    run, skipped or reported twice is a failure. A verdict that is already a failure of the
+    learner's run (an exception, a time-out, a changed judge) stays as it is."""
+    outcome = {c.nodeid: c.outcome for c in res.cases}
+    v.total = len(reference)
+    v.passed = sum(outcome.get(c) == "passed" and c not in differ for c in reference)
+    v.skipped = 0
+    if not v.accepted:
+        return v
+    if not reference:
+        return _with(v, RUNTIME, None, problem, "the engine's own module passed no case here")
+    for case in reference:
+        if outcome.get(case) != "passed":
+            state = outcome.get(case, "not reported")
+            return _with(
+                v, WRONG, case, problem, f"{short_name(case)} was {state} where the engine's ran"
+            )
+        if case in differ:
+            return _with(
+                v,
+                WRONG,
+                case,
+                problem,
+                f"{short_name(case)} passed its assertions, but your code did not do what the "
+                f"engine's did on the same inputs:\n{differ[case]}",
+            )
+    return v
+
+
 GENERAL = "general advice from the statement, not about this failure: "
 
 

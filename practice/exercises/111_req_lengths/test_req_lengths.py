@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -92,3 +94,23 @@ def test_decode_until_max_tokens():
 def test_requests_compare_by_identity():
     a, b = make_req(uid=1), make_req(uid=1)
     assert a != b and len({a, b}) == 2, "two requests with equal fields are still two requests"
+
+
+def test_drawn_requests_decode_to_their_budget(drawn_seed):
+    """Requests of drawn lengths (each judged run draws new ones) decode exactly
+    ``max_tokens`` steps, the window moving one token a step."""
+    rng = random.Random(drawn_seed)
+    for uid in range(16):
+        prompt_len = rng.randint(1, 48)
+        cached_len = rng.randint(0, prompt_len - 1)
+        max_tokens = rng.randint(1, 24)
+        r = make_req(prompt_len, cached_len, max_tokens, uid)
+        assert (r.extend_len, r.remain_len) == (prompt_len - cached_len, max_tokens), r
+        steps = 0
+        while r.can_decode:
+            r.complete_one()
+            r.append_host(torch.tensor([uid], dtype=torch.int32))
+            steps += 1
+            assert (r.extend_len, r.remain_len) == (1, max_tokens - steps), r
+            assert steps <= max_tokens, f"{r} decodes past its max_tokens={max_tokens}"
+        assert len(r.input_ids) == prompt_len + max_tokens

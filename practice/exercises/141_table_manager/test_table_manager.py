@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -76,3 +77,23 @@ def test_token_pool_matches_the_page_table():
     ), f"token_pool: shape {tuple(pool.shape)}, dtype {pool.dtype}, device {pool.device}"
     assert int(pool.abs().sum()) == 0, "token_pool starts as zeros"
     assert tm.page_table.data_ptr() != pool.data_ptr(), "token_pool is a tensor of its own"
+
+
+def test_drawn_allocations_and_frees_keep_the_rows_distinct(drawn_seed):
+    """A drawn sequence of allocations and frees (each judged run draws a new one): rows
+    held are distinct real rows, counted by ``available_size``; none left raises."""
+    rng = random.Random(drawn_seed)
+    rows = rng.randint(1, 12)
+    tm, held = make(rows), []
+    for _ in range(60):
+        if held and rng.random() < 0.45:
+            row = held.pop(rng.randrange(len(held)))
+            tm.free(row)
+        elif len(held) < rows:
+            row = tm.allocate()
+            assert 0 <= row < rows and row not in held, f"row {row} while holding {held}"
+            held.append(row)
+        else:
+            with pytest.raises(RuntimeError):
+                tm.allocate()
+        assert tm.available_size == rows - len(held)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from minisgl.core import Req, SamplingParams
@@ -100,3 +102,29 @@ def test_nothing_to_run():
     assert not dm.runnable and dm.schedule_next_batch() is None and dm.inflight_tokens == 0
     dm.filter_reqs([step(make_req(1))])
     assert dm.runnable
+
+
+def test_drawn_requests_decode_until_each_is_done(drawn_seed):
+    """Requests of drawn lengths join, decode, are aborted or finish (each judged run draws
+    new ones): every batch is the running set sorted by uid, and ``inflight_tokens`` is
+    what they may still add."""
+    rng = random.Random(drawn_seed)
+    page = rng.choice([1, 2, 4, 16])
+    dm = DecodeManager(page_size=page)
+    waiting = [make_req(uid, rng.randint(1, 30), rng.randint(1, 12)) for uid in range(12)]
+    rng.shuffle(waiting)
+    while waiting or dm.runnable:
+        joining = [step(waiting.pop()) for _ in range(min(len(waiting), rng.randint(0, 3)))]
+        dm.filter_reqs(joining)
+        if dm.running_reqs and rng.random() < 0.1:
+            victim = rng.choice(sorted(r.uid for r in dm.running_reqs))
+            assert dm.abort_req(victim).uid == victim and dm.abort_req(victim) is None
+        running = sorted(dm.running_reqs, key=lambda r: r.uid)
+        want = sum(r.remain_len + page - 1 for r in running)
+        assert dm.inflight_tokens == want, f"inflight_tokens {dm.inflight_tokens}, want {want}"
+        batch = dm.schedule_next_batch()
+        if batch is None:
+            assert not running and not dm.runnable
+            continue
+        assert batch.is_decode and [r.uid for r in batch.reqs] == [r.uid for r in running]
+        dm.filter_reqs([step(r) for r in batch.reqs])

@@ -8,6 +8,7 @@ unless a test says otherwise.
 from __future__ import annotations
 
 import os
+import random
 
 import torch
 
@@ -32,6 +33,7 @@ class Setup:
             num_pages=num_pages, page_size=page_size, page_table=self.page_table, type="naive"
         )
         self.table = TableManager(rows, self.page_table)
+        self.rows = rows
 
     def adder(self, token_budget: int = 1000, reserved_size: int = 0) -> PrefillAdder:
         return PrefillAdder(
@@ -230,3 +232,44 @@ def test_admit_then_release_leaves_no_leak():
     s.table.free(req.table_idx)
     s.cache.check_integrity()
     assert s.cache.available_size == 32 and s.table.available_size == ROWS
+
+
+def test_drawn_workloads_admit_first_come_first_served_within_the_cache(drawn_seed):
+    """Workloads drawn at random (each judged run draws new ones): page size, cache, rows,
+    prompts, budgets. Each step admits a prefix of the queue whose
+    whole future fits the free KV, and once every request is released nothing is held."""
+    rng = random.Random(drawn_seed)
+    for _ in range(6):
+        page = rng.choice([1, 2, 4])
+        num_pages = rng.randint(48, 95) // page
+        s = Setup(num_pages=num_pages, rows=rng.randint(1, ROWS), page_size=page)
+        pm = manager(s)
+        lengths = {}
+        for uid in range(rng.randint(3, 9)):
+            prompt, out = rng.randint(1, 39), rng.randint(1, 19)
+            enqueue(pm, uid, prompt, out)
+            lengths[uid] = (prompt, out)
+        while pm.pending_list:
+            queue = [p.uid for p in pm.pending_list]
+            budget = rng.randint(1, 63)
+            free = s.cache.available_size
+            batch = pm.schedule_next_batch(prefill_budget=budget)
+            if batch is None:
+                head = lengths[queue[0]]
+                assert sum(head) + page - 1 > free or budget <= 0, (
+                    f"nothing admitted, but request {queue[0]} {head} fits {free} free tokens"
+                )
+                break
+            uids = [r.uid for r in batch.reqs]
+            assert uids == queue[: len(uids)], f"admitted {uids} out of the queue {queue}"
+            needed = sum(sum(lengths[u]) for u in uids) + (page - 1) * (len(uids) - 1)
+            assert needed <= free, f"admitted {uids} needing {needed} KV tokens of {free}"
+            prompts = [lengths[u][0] for u in uids]
+            assert sum(prompts[:-1]) < budget, f"prompts {prompts} past the budget {budget}"
+            s.cache.allocate_paged(batch.reqs)
+            for req in batch.reqs:  # each finishes at once: its slots and row come back
+                req.complete_one()
+                s.cache.cache_req(req, finished=True)
+                s.table.free(req.table_idx)
+        s.cache.check_integrity()
+        assert s.cache.available_size == num_pages * page and s.table.available_size == s.rows
