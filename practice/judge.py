@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-if not (sys.flags.isolated and sys.flags.dont_write_bytecode and sys.pycache_prefix):
+isolated = sys.flags.isolated and sys.flags.dont_write_bytecode and sys.pycache_prefix
+if __name__ == "__main__" and not isolated:  # not in `check --jobs`' workers (__mp_main__)
     # The judge runs isolated (no PYTHON* variables, no user site-packages, no script folder
     # on the path) and neither writes bytecode nor reads any from beside its sources, where a
     # judged submission could have planted some: its caches would live under a folder that

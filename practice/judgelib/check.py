@@ -143,7 +143,13 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
             # a run that must fail is decided by its first failing case: stop there (saves
             # most of the chapter tests' time); the engine's own module runs every case
             full = run.must_pass or run.slow
-            v = judge_file(root, p, run.file, opts if full else replace(opts, first_failure=True))
+            try:
+                v = judge_file(
+                    root, p, run.file, opts if full else replace(opts, first_failure=True)
+                )
+            except RuntimeError as e:  # the engine's own module failed its reference run
+                errors.append(f"{run.label}: {e}")
+                break
             shown = (
                 f"{v.name} {v.passed}/{v.total}"
                 + (f" at {v.case.split('::')[-1]}" if v.case else "")

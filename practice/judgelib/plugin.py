@@ -356,9 +356,12 @@ def pytest_collectreport(report) -> None:
 
 def _bound_properties(items) -> None:
     """Judge mode: property tests run their examples but never shrink a failure (shrinking
-    a wrong answer's example can take longer than the case limit)."""
+    a wrong answer's example can take longer than the case limit), and draw them from the
+    judge's seed (``JUDGE_SEED``): new examples in every judged run, the same for the
+    engine's run and the learner's."""
     if os.environ.get("JUDGE_PROPERTY_SHRINK") == "1" or "hypothesis" not in sys.modules:
         return
+    seed = os.environ.get("JUDGE_SEED")
     from hypothesis import Phase, settings
 
     for item in items:
@@ -373,6 +376,8 @@ def _bound_properties(items) -> None:
             database=None,
             print_blob=False,
         )
+        if seed:
+            fn._hypothesis_internal_use_seed = int(seed)  # over ``derandomize``'s fixed one
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
@@ -381,6 +386,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 def pytest_collection_finish(session) -> None:
     _emit(ev="collected", cases=[item.nodeid for item in session.items], module_file=_module_file())
+    _install_recorder()  # before the tests' snapshot, which then holds the recording code
     _check("after importing the tests and your module")
 
 
@@ -482,9 +488,9 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:
+    _install_recorder()  # a module first imported in this case: recorded from the next one
     _check(f"after {nodeid}")
     if _RECORD:
-        _install_recorder()  # a module first imported inside this case: its next case records
         import _judge_recorder
 
         _judge_recorder.end_case(nodeid, _RECORD)

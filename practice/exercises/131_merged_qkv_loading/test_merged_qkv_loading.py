@@ -156,8 +156,8 @@ def _save(path: Path, tensors: Dict[str, torch.Tensor]) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
 
 
-def test_a_merge_group_may_span_files(tmp_path):
-    g = torch.Generator().manual_seed(0)
+def test_a_merge_group_may_span_files(tmp_path, drawn_seed):
+    g = torch.Generator().manual_seed(drawn_seed)  # new weights in every judged run
     q, k, v = (torch.randn(n, 4, generator=g) for n in (4, 2, 2))
     _save(
         tmp_path / "model-00001-of-00002.safetensors",

@@ -7,7 +7,7 @@ import os
 import torch
 
 from minisgl.engine.sample import BatchSamplingArgs, Sampler
-from minisgl.kernel.torch_sampling import top_k_top_p_filter
+from minisgl.kernel.torch_sampling import sample, top_k_top_p_filter
 
 DEVICE = torch.device(os.environ.get("MINISGL_DEVICE") or "cpu")
 NEG = float("-inf")
@@ -135,3 +135,41 @@ def test_temperature_sharpens():
     assert abs(share - want) < 0.03, (
         f"with temperature 0.25 token 0 should come {want:.3f} of the time, came {share:.3f}"
     )
+
+
+def nucleus(probs: list, k: int, p: float) -> list:
+    """The token ids kept by top-k, then top-p on the renormalised top-k, in plain Python."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])[:k]
+    total = sum(probs[i] for i in order)
+    kept, mass = [], 0.0
+    for i in order:
+        if kept and mass >= p:
+            break
+        kept.append(i)
+        mass += probs[i] / total
+    return sorted(kept)
+
+
+def test_drawn_rows_keep_their_nucleus_and_draw_from_it(drawn_seed):
+    """Logits, top-k and top-p drawn at random (each judged run draws new ones): the filter
+    keeps each row's nucleus, and every sampled token comes from it."""
+    gen = torch.Generator().manual_seed(drawn_seed)
+    rows, vocab = 8, int(torch.randint(5, 50, (), generator=gen))
+    x = (3 * torch.randn(rows, vocab, generator=gen)).to(DEVICE)
+    top_k = torch.randint(1, vocab + 1, (rows,), generator=gen).to(DEVICE)
+    top_p = (0.05 + 0.95 * torch.rand(rows, generator=gen)).to(DEVICE)
+    got = kept(top_k_top_p_filter(x, top_k, top_p))
+    probs = torch.softmax(x.double(), -1).cpu().tolist()
+    for row in range(rows):
+        k, p = int(top_k[row]), float(top_p[row])
+        want = nucleus(probs[row], k, p)
+        assert got[row] == want, (
+            f"row {row} (top_k={k}, top_p={p:.3f}): kept {got[row]}, want {want}"
+        )
+    temperatures = (0.5 + torch.rand(rows, generator=gen)).to(DEVICE)
+    draw = torch.Generator(device=DEVICE).manual_seed(drawn_seed)
+    filtered = kept(top_k_top_p_filter(x / temperatures.unsqueeze(1), top_k, top_p))
+    for _ in range(4):
+        tokens = sample(x, temperatures, top_k, top_p, draw).cpu().tolist()
+        for row, token in enumerate(tokens):
+            assert token in filtered[row], f"row {row} drew {token}, outside {filtered[row]}"

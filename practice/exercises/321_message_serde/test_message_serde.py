@@ -6,6 +6,7 @@ Pure CPU: messages are plain data plus 1-D CPU tensors.
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import msgpack
 import pytest
@@ -251,3 +252,31 @@ def test_bad_values_are_refused_with_a_reason():
         serialize(UserReply(uid=0, incremental_output={"a"}, finished=False))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dtype"):
         deserialize({"__type__": "Tensor", "dtype": "Tensor", "buffer": b"1234"})
+
+
+def test_drawn_messages_round_trip(drawn_seed):
+    """Messages of drawn sizes, dtypes and values (each judged run draws new ones) come back
+    equal, and a prompt of N int32 ids still costs about 4N bytes."""
+    rng = random.Random(drawn_seed)
+    for uid in range(20):
+        n = rng.randint(0, 300)
+        prompt = torch.tensor([rng.randrange(200_000) for _ in range(n)], dtype=torch.int32)
+        params = SamplingParams(
+            temperature=rng.choice([0.0, 0.5, 1.3]),
+            top_k=rng.choice([-1, 1, 40]),
+            max_tokens=rng.randint(1, 4096),
+        )
+        dtype = rng.choice(DTYPES)
+        values = torch.randn(rng.randint(0, 40), generator=torch.Generator().manual_seed(uid))
+        msg = BatchBackendMsg(
+            data=[
+                UserMsg(uid=uid, input_ids=prompt, sampling_params=params),
+                AbortBackendMsg(uid=rng.randrange(1000)),
+            ]
+        )
+        raw = dumps(msg)
+        assert same(loads(raw), msg), f"sent {msg!r}"
+        assert 4 * n <= len(raw) <= 4 * n + 400, f"{n} ids took {len(raw)} bytes"
+        tensor = (values.abs() * 100).to(dtype)  # no negative float cast to an unsigned type
+        back = deserialize(serialize(tensor))
+        assert same(back, tensor), f"a {dtype} tensor of {tensor.numel()} came back as {back!r}"

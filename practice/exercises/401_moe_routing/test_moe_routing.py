@@ -55,15 +55,16 @@ def test_weights_are_renormalised_only_when_asked():
 
 @pytest.mark.parametrize("norm", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_topk_matches_the_transformers_router(norm, dtype):
+def test_topk_matches_the_transformers_router(norm, dtype, drawn_seed):
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
     router = Qwen3MoeTopKRouter(
         Qwen3MoeConfig(hidden_size=32, num_experts=16, num_experts_per_tok=4, norm_topk_prob=norm)
     )
-    torch.nn.init.normal_(router.weight, generator=torch.Generator().manual_seed(1))
-    x = torch.randn(21, 32, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(drawn_seed)  # new weights and inputs in every judged run
+    torch.nn.init.normal_(router.weight, generator=g)
+    x = torch.randn(21, 32, generator=g)
     logits = F.linear(x, router.weight.detach()).to(dtype)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     want_w, want_ids = torch.topk(probs, 4, dim=-1)
