@@ -161,6 +161,9 @@ def check_one(root: Path, p: P.Problem, opts: Options, partial: bool = False) ->
             )
             if run.must_pass and v.accepted and not partial and not opts.quick:
                 record_reference_times(p, v)  # the per-case limits of judging.case_limits
+            unrecorded = ((v.record or {}).get("reference") or {}).get("unrecorded")
+            if run.must_pass and unrecorded:
+                errors.append(f"the recorder cannot watch {', '.join(unrecorded)} (problem.md)")
             if run.must_pass and not v.accepted:
                 detail = "\n".join("      " + ln for ln in v.detail.splitlines()[:25])
                 errors.append(f"{run.label} is not accepted: {v.name}\n{detail}")

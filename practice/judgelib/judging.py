@@ -155,6 +155,7 @@ class Reference:
     cases: List[str]
     record: compare.Record
     seconds: float
+    unrecorded: List[str]  # symbols of problem.md the recorder did not find (check: an error)
 
 
 def recording_env(env: Dict[str, str], box: Path, problem: Problem, seed: int) -> Dict[str, str]:
@@ -203,6 +204,7 @@ def reference_run(
                 [c.nodeid for c in res.cases if c.outcome == "passed"],
                 record,
                 time.perf_counter() - t0,
+                res.unrecorded,
             )
             if opts.references is not None:
                 opts.references[key] = ref
@@ -378,7 +380,8 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
         v = judge(problem, res, time_limit, problem.total_time_limit, ref_total)
         # the verdict's evidence: what the code did against what the engine's did
         record = compare.load(box / "record.jsonl")
-        agree, differ = compare.compare(record, reference.record, reference.cases)
+        recorded = [c for c in reference.cases if problem.recorded(c)]
+        agree, differ = compare.compare(record, reference.record, recorded)
         v = against_reference(v, problem, res, reference.cases, differ)
         v.record = {
             "cases": [
@@ -394,6 +397,7 @@ def judge_file(root: Path, problem: Problem, file: Path, opts: Options) -> Verdi
                 "cases": len(reference.cases),
                 "agree": len(agree),
                 "record_sha256": _digest(reference.record),
+                "unrecorded": reference.unrecorded,
                 "differ": dict(list(differ.items())[:5]),
             },
             "record_sha256": _digest(record),

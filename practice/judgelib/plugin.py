@@ -415,9 +415,28 @@ def _install_recorder() -> None:
         _emit(ev="record_missing", symbols=missing)
 
 
+def _seed_global_generators() -> None:
+    """Each case starts with Python's and torch's global generators seeded from the judge's
+    seed: a test drawing from them (``torch.randn`` without a generator) gets the same
+    inputs in the engine's run and the learner's, and new ones in every judged run."""
+    seed = os.environ.get("JUDGE_SEED")
+    if not seed:
+        return
+    import random
+
+    random.seed(int(seed))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(int(seed))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(int(seed) % 2**32)
+
+
 def pytest_runtest_logstart(nodeid, location) -> None:
     _state.clear()
     _state.update(nodeid=nodeid, t0=time.perf_counter(), outcome="passed", failure=None, body=False)
+    _seed_global_generators()
     _install_recorder()
     if _installed:
         import _judge_recorder

@@ -89,6 +89,9 @@ class Problem:
     body: str
     hints: List[Tuple[Optional[str], str]] = field(default_factory=list)
     speed: Optional[Speed] = None  # graded on speed too (on a CUDA GPU)
+    # cases (fnmatch patterns of node ids) whose record is not compared, because what the
+    # code returns there carries a clock or a random id (a server's answers)
+    unrecorded: List[str] = field(default_factory=list)
 
     @property
     def own_tests(self) -> List[Path]:
@@ -111,6 +114,12 @@ class Problem:
     @property
     def module_name(self) -> str:
         return self.module[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+
+    def recorded(self, case: str) -> bool:
+        """Whether ``case``'s record is compared with the engine's (``unrecorded``)."""
+        import fnmatch
+
+        return not any(fnmatch.fnmatchcase(case, pattern) for pattern in self.unrecorded)
 
     def statement(self) -> str:
         """The body without the hints, for `start`."""
@@ -151,6 +160,7 @@ FIELDS = {  # the keys of the front matter, and what each holds
     "time_limit": "a number",
     "total_time_limit": "a number",
     "speed": "a table",
+    "unrecorded": "a list of strings",
 }
 REQUIRED = ("id", "title", "chapter", "module", "symbols")
 
@@ -235,6 +245,7 @@ def load_problem(directory: Path) -> Problem:
         body=body,
         hints=_parse_hints(_split_sections(body)[1]),
         speed=_speed(meta.get("speed"), str(path)),
+        unrecorded=meta.get("unrecorded", []),
     )
 
 

@@ -29,6 +29,7 @@ SAMPLE = 64  # elements of a float tensor kept, evenly spaced
 MAX_ITEMS = 64  # items of a list, tuple or dict summarised
 SMALL_TENSOR = 1 << 16  # an attribute's tensor larger than this keeps only dtype and shape
 MAX_DEPTH = 3
+ADDRESS = 1 << 32  # an int key this large is an id(), not a value
 
 _ORIGINALS: dict = {}  # symbol -> the original function (a copy of it, code intact)
 _METHODS: set = set()  # symbols that are methods: ``self`` is summarised after the call
@@ -50,7 +51,8 @@ def _tensor(t, attribute: bool) -> dict:
         out["abs"] = float(finite.abs().sum())
         out["nonfinite"] = int((~torch.isfinite(x)).sum())
         if x.numel():
-            idx = torch.linspace(0, x.numel() - 1, min(SAMPLE, x.numel())).long()
+            n = min(SAMPLE, x.numel())
+            idx = torch.arange(n) * (x.numel() - 1) // max(n - 1, 1)  # exact, at any size
             out["x"] = [_float(v) for v in x[idx].tolist()]
     else:
         data = flat.cpu().contiguous()
@@ -100,6 +102,8 @@ def summarise(value, depth: int = 0, attribute: bool = False):
             return {"set": len(value)}
         return summarise(items, depth, attribute)
     if isinstance(value, dict):
+        if any(type(k) is int and k >= ADDRESS for k in value):
+            return {"dict": len(value)}  # keyed by id(): the addresses differ between runs
         keys = sorted(value, key=str)[:MAX_ITEMS]
         return {"d": {str(k): summarise(value[k], depth + 1, attribute) for k in keys}}
     if (
@@ -134,16 +138,22 @@ def _object(value, depth: int) -> dict:
 
 
 def _record(symbol: str, args: tuple, result=None, raised: BaseException | None = None) -> None:
+    thread = threading.current_thread()
+    if thread is not threading.main_thread():  # threads interleave: each keeps its own order
+        symbol = f"{symbol} [{thread.name}]"
     entry = _CASE.setdefault(symbol, {"n": 0, "calls": []})
     entry["n"] += 1
     if len(entry["calls"]) >= MAX_CALLS:
         return
-    if raised is not None:
-        call = {"raised": type(raised).__name__}
-    else:
-        call = {"r": summarise(result)}
-    if symbol in _METHODS and args:
-        call["self"] = summarise(args[0])
+    try:
+        if raised is not None:
+            call = {"raised": type(raised).__name__}
+        else:
+            call = {"r": summarise(result)}
+        if symbol in _METHODS and args:  # its own fields, and only the flat ones of what it holds
+            call["self"] = summarise(args[0], depth=1)
+    except Exception as e:  # noqa: BLE001 - the record fails, never the code it watches
+        call = {"unrecorded": f"{type(e).__name__}: {e}"[:200]}
     entry["calls"].append(call)
 
 
@@ -223,7 +233,7 @@ def _trampoline(fn: types.FunctionType, key: str) -> types.CodeType:
     ``install``) with as many free variables as ``fn`` has (CPython only accepts a new
     ``__code__`` with the same number)."""
     free = [f"_judge_free{i}" for i in range(len(fn.__code__.co_freevars))]
-    refs = f"        ({', '.join(free)},)\n" if free else ""
+    refs = f"    ({', '.join(free)},)\n" if free else ""
     body = _TEMPLATES[_kind(fn.__code__)].format(name="_judge_trampoline", key=key, refs=refs)
     body = "".join("    " + line + "\n" for line in body.splitlines())
     src = "def _outer():\n" + "".join(f"    {v} = None\n" for v in free) + body

@@ -52,6 +52,7 @@ class RunResult:
     hang_stack: str = ""  # where a case past its limit was (faulthandler), its frames only
     tampered: List[str] = field(default_factory=list)  # how the judge's machinery changed
     survivors: List[str] = field(default_factory=list)  # processes that outlived the run
+    unrecorded: List[str] = field(default_factory=list)  # symbols the recorder could not watch
     versions: Dict[str, str] = field(default_factory=dict)
     wall: Dict[str, float] = field(default_factory=dict)  # case -> seconds, the judge's clock
 
@@ -257,6 +258,8 @@ def run(
                         res.versions = ev.get("versions", {})
                     elif kind == "tamper":
                         res.tampered += ev.get("what", [])
+                    elif kind == "record_missing":
+                        res.unrecorded += [str(x) for x in ev.get("symbols", [])]
                     elif kind == "collect_error":
                         res.collect_errors.append(ev)
                     elif kind == "collected":

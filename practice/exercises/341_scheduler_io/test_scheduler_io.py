@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import List
 
 import torch
@@ -163,3 +164,47 @@ def test_only_rank0_sends_and_batches_several():
     other = rank(primary=False, broadcast=True)
     other._send_online([one, two])
     assert other._send_into_tokenizer.put_calls == [], "the other ranks send nothing"
+
+
+def drawn_messages(rng: random.Random, depth: int = 0) -> List[object]:
+    """A drawn mix of requests, aborts, stats queries and nested batches of them."""
+    out: List[object] = []
+    for _ in range(rng.randint(0, 5)):
+        kind = rng.randrange(4 if depth < 2 else 3)
+        uid = rng.randrange(1000)
+        if kind == 0:
+            out.append(user(uid))
+        elif kind == 1:
+            out.append(AbortBackendMsg(uid))
+        elif kind == 2:
+            out.append(StatsQueryMsg(uid=uid))
+        else:
+            out.append(BatchBackendMsg(data=drawn_messages(rng, depth + 1)))
+    return out
+
+
+def flatten(msgs: List[object]) -> List[object]:
+    return [m for x in msgs for m in (flatten(x.data) if isinstance(x, BatchBackendMsg) else [x])]
+
+
+def test_drawn_messages_reach_the_loop_in_order_and_queries_are_answered(drawn_seed):
+    """Mixes of messages drawn at random (each judged run draws new ones): the loop gets
+    every request and abort in order, rank 0 answers every stats query in order, and the
+    replies go out one message or one batch per call."""
+    rng = random.Random(drawn_seed)
+    for _ in range(20):
+        msgs = drawn_messages(rng)
+        flat = flatten(msgs)
+        io = rank(primary=True, broadcast=False)
+        got = io._answer_queries(msgs)
+        want = [m for m in flat if not isinstance(m, StatsQueryMsg)]
+        assert [(type(m), m.uid) for m in got] == [(type(m), m.uid) for m in want], msgs
+        queries = [m.uid for m in flat if isinstance(m, StatsQueryMsg)]
+        assert [r.uid for r in io._send_into_tokenizer.put_calls] == queries
+        replies = [DetokenizeMsg(u, rng.randrange(100), rng.random() < 0.5) for u in range(3)]
+        n = rng.randint(0, 3)
+        io._send_online(replies[:n])
+        sent = io._send_into_tokenizer.put_calls[len(queries) :]
+        assert sent == (
+            [] if n == 0 else [replies[0]] if n == 1 else [BatchTokenizerMsg(replies[:n])]
+        )

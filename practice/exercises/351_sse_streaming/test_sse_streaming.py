@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import types
 from typing import AsyncGenerator, Dict, List
 
@@ -189,6 +190,29 @@ def test_the_stream_ends_with_done():
         f"one chunk per reply with text (3), the last with finish_reason: {[c['choices'] for c in chunks]}"
     )
     assert src.taken == 3 and src.closed, "read every reply after the first, then close the replies"
+
+
+def test_drawn_streams_carry_every_piece_of_text_then_done(drawn_seed):
+    """Replies of drawn text, some empty (each judged run draws new ones): the chunks carry
+    the text in order, one per reply with text (the last one always), then ``[DONE]``."""
+    rng = random.Random(drawn_seed)
+    for _ in range(10):
+        pieces = [
+            "".join(
+                rng.choice(["a", " b", "é", "中", '"', "\n", ""]) for _ in range(rng.randint(0, 3))
+            )
+            for _ in range(rng.randint(1, 8))
+        ]
+        reason = rng.choice(["stop", "length"])
+        got, src = run_stream(
+            script(*pieces, reason=reason), lambda r, first: completion_chunks(HEAD, r, first)
+        )
+        assert got[-1] == "[DONE]", got
+        chunks = [json.loads(e)["choices"][0] for e in got[:-1]]
+        assert "".join(c["text"] for c in chunks) == "".join(pieces), (pieces, chunks)
+        want = sum(1 for p in pieces[:-1] if p) + 1
+        assert len(chunks) == want and chunks[-1]["finish_reason"] == reason, (pieces, chunks)
+        assert src.taken == len(pieces) - 1 and src.closed
 
 
 def test_usage_comes_last_when_asked():

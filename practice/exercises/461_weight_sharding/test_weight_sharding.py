@@ -4,6 +4,7 @@ weights. Small hand-made tensors on ``MINISGL_DEVICE`` (the CPU by default)."""
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -138,3 +139,25 @@ def test_the_embedding_allocates_the_padded_block():
     assert tuple(embed.weight.shape) == (3, 5), (
         f"rank 3 of 4 with V=10 allocates {tuple(embed.weight.shape)}; every rank needs 3 rows"
     )
+
+
+def test_drawn_shapes_shard_into_blocks_that_tile_the_weight(drawn_seed):
+    """Weights, ranks and vocabularies of drawn sizes (each judged run draws new ones): the
+    column and row shards put back together are the weight, and the vocabulary shards are
+    its rows with zeros after ``V``."""
+    rng = random.Random(drawn_seed)
+    g = torch.Generator().manual_seed(drawn_seed)
+    for _ in range(8):
+        size = rng.randint(1, 8)
+        w = torch.randn(size * rng.randint(1, 5), size * rng.randint(1, 5), generator=g)
+        w = w.to(DEVICE)
+        cols = torch.cat([shard_column(w, r, size) for r in range(size)])
+        assert_same(cols, w, f"{size} column shards of {tuple(w.shape)}, concatenated")
+        rows = torch.cat([shard_row(w, r, size) for r in range(size)], dim=1)
+        assert_same(rows, w, f"{size} row shards of {tuple(w.shape)}, concatenated")
+        vocab = rng.randint(1, 40)
+        table = torch.randn(vocab, 3, generator=g).to(DEVICE)
+        block = -(-vocab // size)
+        padded = torch.cat([table, torch.zeros(block * size - vocab, 3, device=DEVICE)])
+        shards = torch.cat([shard_vocab(table, r, size) for r in range(size)])
+        assert_same(shards, padded, f"V={vocab} over {size} ranks, padded with zeros")

@@ -7,6 +7,7 @@ exactly the contract a captured CUDA graph has. The chapter 18 tests replay real
 
 from __future__ import annotations
 
+import random
 from typing import List
 
 import torch
@@ -95,6 +96,17 @@ def test_a_batch_pads_to_the_next_captured_size():
     assert got == [1, 2, 4, 8, 8, 16, 24, 24], (
         f"sizes {sizes}: batches 1, 2, 3, 5, 8, 9, 17, 24 pad to {got}"
     )
+
+
+def test_drawn_batches_pad_to_the_smallest_graph_that_holds_them(drawn_seed):
+    """Captured sizes and batches drawn at random (each judged run draws new ones)."""
+    rng = random.Random(drawn_seed)
+    for _ in range(50):
+        sizes = sorted(rng.sample(range(1, 65), rng.randint(0, 8)))
+        n = rng.randint(1, 70)
+        want = min([s for s in sizes if s >= n], default=n)
+        got = padded_batch_size(n, sizes)
+        assert got == want, f"sizes {sizes}: a batch of {n} pads to {want}, got {got}"
 
 
 def test_a_batch_bigger_than_every_graph_keeps_its_size():
