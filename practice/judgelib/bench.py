@@ -7,7 +7,7 @@ line, HMAC-sealed like the plugin's events, with a key it reads from the pipe
 
 1. Read the key; put the sandbox first on ``sys.path`` (the run is ``python -I``, so
    no ``PYTHONPATH`` and no file planted in the sandbox is read at start-up); import torch; load the reference (the engine's module, copied beside this
-   file, imported as ``_judge_reference``) and the exercise's benchmark module (its
+   file, imported as ``<its package>._judge_reference``) and the exercise's benchmark module (its
    workloads).
 2. Keep the originals of the timing machinery (the CUDA event's C methods, the device
    synchronize, ``time.perf_counter``, the flush's ``zero_``, ``torch.equal``) and snapshot
@@ -244,7 +244,14 @@ def main(argv: list) -> int:
     try:
         import torch
 
-        ref = load_file(cfg["reference"], "_judge_reference")
+        parent = cfg["module"].rpartition(".")[0]
+        if parent:  # the engine's packages around the learner's module are not the learner's
+            importlib.import_module(parent)
+        # the reference lives in its package, where its relative imports (``from .. import``)
+        # resolve; the learner's module is imported by its own name below
+        ref = load_file(
+            cfg["reference"], f"{parent}._judge_reference" if parent else "_judge_reference"
+        )
         bench = load_file(cfg["bench"], "_judge_workloads")
         cuda = torch.cuda.is_available()
         tools: dict = {}
@@ -269,9 +276,6 @@ def main(argv: list) -> int:
             first = bench.workloads()[0]
             bench.call(ref, bench.make(first, device))
             tools["sync"]()
-        parent = cfg["module"].rpartition(".")[0]
-        if parent:  # the engine's packages around the learner's module are not the learner's
-            importlib.import_module(parent)
         watch = watch_timing(
             torch,
             [

@@ -204,9 +204,7 @@ def check_exercise(root: Path, p: P.Problem, opts: Options) -> str:
     why = cannot_judge(root, p, opts.device)
     if why == NEEDS_GPU:
         print("    no CUDA here: static checks and the exercise's own tests on the CPU only")
-        cpu = Options(
-            "cpu", opts.time_limit, opts.keep, quiet=True, quick=True, guard_repo=opts.guard_repo
-        )
+        cpu = replace(opts, device="cpu", quiet=True, quick=True)
         errors = check_one(root, p, cpu, partial=True)
         for e in errors:
             print(f"  ✗ {e}")

@@ -15,6 +15,7 @@ from .signatures import locate
 from .starter import StarterError, starter_source
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2]
+CHECK_SEED = 1  # `check` proves the tests and wrong answers on one fixed draw
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--quick", action="store_true", help="only the exercise's own tests (no chapter tests)"
         )
+    for q, default in ((t, "drawn for the run"), (c, f"{CHECK_SEED}, so `check` repeats itself")):
+        q.add_argument("--seed", type=int, help=f"the seed of the drawn cases (default: {default})")
     b = sub.add_parser("bug", help="spot the bug: the engine's module with a known bug planted")
     b.add_argument("id", type=int)
     b.add_argument("--reveal", action="store_true", help="show what the planted bug was")
@@ -165,7 +168,10 @@ def cmd_test(root: Path, args) -> int:
         return 2
     device = "cpu" if preview else args.device
     v = judge_file(
-        root, problem, file, Options(device, args.time_limit, args.keep, quick=args.quick)
+        root,
+        problem,
+        file,
+        Options(device, args.time_limit, args.keep, quick=args.quick, seed=args.seed),
     )
     if preview:
         # the GPU cases are skipped when collected, or deselected before (the repo's conftest)
@@ -301,6 +307,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     quiet=True,
                     quick=args.quick,
                     guard_repo=False,
+                    seed=CHECK_SEED if args.seed is None else args.seed,
                 ),
                 args.jobs,
             )

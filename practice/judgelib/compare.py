@@ -178,6 +178,9 @@ def _call_diff(got: dict, ref: dict) -> Optional[str]:
         theirs = f"raised {ref['raised']}" if "raised" in ref else f"returned {show(ref.get('r'))}"
         return f"{mine} where the engine's {theirs}"
     d = diff(got.get("r"), ref.get("r"), "returned")
+    for i, (a, b) in enumerate(zip(got.get("args") or [], ref.get("args") or [])):
+        if d is None and b is not None:
+            d = diff(a, b, f"argument {i + 1} afterwards")
     if d is None and "self" in ref:
         d = diff(got.get("self"), ref["self"], "self afterwards")
     return d

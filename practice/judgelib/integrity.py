@@ -1,7 +1,10 @@
-"""What the judge does so that a submission cannot change the judge and still pass.
+"""The judge's first line of defence: a submission that changes the judge is named.
 
-The learner's module runs in a pytest child. Everything that decides the verdict is outside
-the learner's reach, or checked from outside it:
+What an Accepted rests on is not here: it is the comparison of what the learner's code
+returned with what the engine's returned on the same drawn inputs, made by the judge after
+both processes have exited (recorder.py, compare.py, docs/judge.md). The learner's code runs
+in the same interpreter as this file's checks, so anything below it can undo; they stay
+because a Rejected that names what changed is a better message than a Wrong answer.
 
 1. **Sealed evidence.** The judge sends the child a fresh 32-byte key through a pipe
    (``JUDGE_SEAL_FD``) that plugin.py reads and closes at import, before pytest imports a
@@ -31,9 +34,10 @@ the learner's reach, or checked from outside it:
    the learner's import, and checks the CUDA events against its own wall clock.
 
 A tampering attempt gets the verdict ``Rejected``. What this does not stop: code that reads
-the plugin's own memory (``gc``, frames) to borrow its sealing function; it takes such
-reverse engineering of the judge, not a patch. Running the child in its own user and mount
-namespace (read-only binds) would close the file part without restoring; not done here.
+the plugin's own memory (``gc``, frames) to borrow its sealing function, registers a pytest
+plugin, or traces pluggy's frames; the record comparison makes those a Wrong answer
+(tests/test_practice_attacks.py). Running the child in its own user and mount namespace
+(read-only binds) would close the file part without restoring; not done here.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def recording_env(env: Dict[str, str], box: Path, problem: Problem, seed: int) -
     return dict(
         env,
         JUDGE_RECORD=str(box / "record.jsonl"),
-        JUDGE_SYMBOLS=json.dumps(problem.symbols),
+        JUDGE_SYMBOLS=json.dumps(problem.record or problem.symbols),
         JUDGE_SEED=str(seed),
         PYTHONHASHSEED=str(seed % 4294967295),
     )

@@ -92,6 +92,9 @@ class Problem:
     # cases (fnmatch patterns of node ids) whose record is not compared, because what the
     # code returns there carries a clock or a random id (a server's answers)
     unrecorded: List[str] = field(default_factory=list)
+    # the functions whose calls the judge records (default: ``symbols``); a Triton kernel is
+    # recorded through the Python function that launches it
+    record: List[str] = field(default_factory=list)
 
     @property
     def own_tests(self) -> List[Path]:
@@ -161,6 +164,7 @@ FIELDS = {  # the keys of the front matter, and what each holds
     "total_time_limit": "a number",
     "speed": "a table",
     "unrecorded": "a list of strings",
+    "record": "a list of strings",
 }
 REQUIRED = ("id", "title", "chapter", "module", "symbols")
 
@@ -246,6 +250,7 @@ def load_problem(directory: Path) -> Problem:
         hints=_parse_hints(_split_sections(body)[1]),
         speed=_speed(meta.get("speed"), str(path)),
         unrecorded=meta.get("unrecorded", []),
+        record=meta.get("record", []),
     )
 
 

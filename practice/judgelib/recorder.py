@@ -61,6 +61,10 @@ def _tensor(t, attribute: bool) -> dict:
     return out
 
 
+def _is_tensor(value) -> bool:
+    return (type(value).__module__ or "").startswith("torch") and hasattr(value, "shape")
+
+
 def _float(v: float):
     return v if math.isfinite(v) else repr(v)
 
@@ -150,6 +154,10 @@ def _record(symbol: str, args: tuple, result=None, raised: BaseException | None 
             call = {"raised": type(raised).__name__}
         else:
             call = {"r": summarise(result)}
+            if result is None:  # a kernel's launcher writes its outputs into its arguments
+                tensors = [summarise(a) if _is_tensor(a) else None for a in args]
+                if any(t is not None for t in tensors):
+                    call["args"] = tensors
         if symbol in _METHODS and args:  # its own fields, and only the flat ones of what it holds
             call["self"] = summarise(args[0], depth=1)
     except Exception as e:  # noqa: BLE001 - the record fails, never the code it watches

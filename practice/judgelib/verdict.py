@@ -244,7 +244,7 @@ def against_reference(
     outcome = {c.nodeid: c.outcome for c in res.cases}
     v.total = len(reference)
     v.passed = sum(outcome.get(c) == "passed" and c not in differ for c in reference)
-    v.skipped = 0
+    v.skipped = sum(c.outcome == "skipped" and c.nodeid not in reference for c in res.cases)
     if not v.accepted:
         return v
     if not reference:
