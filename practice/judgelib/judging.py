@@ -37,7 +37,7 @@ class Options:
     # restore the repository's engine, tests and judge after the run (`test`, `verify`);
     # never in `check`, whose files are the maintainer's and whose repository they edit
     guard_repo: bool = True
-    seed: Optional[int] = None  # the tests' seeds are salted with it; None: drawn per run
+    seed: Optional[int] = None  # the seed of the drawn cases; None: drawn for each run
     # the engine's own runs, kept across the judgements of one `check` (reference_run)
     references: Optional[Dict[tuple, "Reference"]] = None
 
@@ -193,7 +193,7 @@ def reference_run(
             )
             interpret_triton(problem, opts.device, env)
             env = recording_env(env, box, problem, seed)
-            res = runner.run(box, targets, env, problem.time_limit, problem.total_time_limit)
+            res = runner.run(box, targets, env, time_limit, problem.total_time_limit)
             record = compare.load(box / "record.jsonl")
         finally:
             sandbox.remove(box)
