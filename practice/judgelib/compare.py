@@ -196,7 +196,7 @@ def case_diff(got: dict, ref: dict) -> Optional[str]:
             if d:
                 return f"{symbol}, call {i} of {r['n']}: {d}"
         if g.get("n") != r["n"]:
-            return f"{symbol} was called {g.get('n')} times where the engine's was called {r['n']} times"
+            return f"{symbol}: {g.get('n')} calls where the engine's made {r['n']}"
     return None
 
 

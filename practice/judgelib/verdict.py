@@ -261,7 +261,7 @@ def against_reference(
                 WRONG,
                 case,
                 problem,
-                f"{short_name(case)} passed its assertions, but your code did not do what the "
+                f"{short_name(case)} was reported passed, but your code did not do what the "
                 f"engine's did on the same inputs:\n{differ[case]}",
             )
     return v
