@@ -15,6 +15,7 @@ from typing import (
     Iterator,
     List,
     Literal,
+    Tuple,  # +ch24
 )
 
 import torch
@@ -59,6 +60,7 @@ class SamplingParams:
     max_tokens: int = 1024
     seed: int | None = None
     logprobs: int | None = None
+    grammar: Tuple[str, str] | None = None  # (kind, text) the answer must match  # +ch24
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -73,6 +75,14 @@ class SamplingParams:
             raise ValueError(f"seed must fit in 64 bits (signed), got {self.seed}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        # >>> ch24: a pair of strings, a tuple even after a message's round trip (a dict key)
+        if self.grammar is not None:
+            if len(self.grammar) != 2 or not all(isinstance(x, str) for x in self.grammar):
+                raise ValueError(
+                    f"grammar must be a (kind, text) pair of strings, got {self.grammar!r}"
+                )
+            self.grammar = (self.grammar[0], self.grammar[1])
+        # <<< ch24
 
     @property
     def is_greedy(self) -> bool:

@@ -18,10 +18,16 @@ token's and the top ``k``; other rows cost nothing. Mirrors upstream
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, List, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,  # +ch24
+    List,
+    Tuple,
+)
 
 import torch
 
+from minisgl.kernel.bitmask import apply_token_bitmask  # +ch24
 from minisgl.kernel.sampling import sample as sample_tokens
 from minisgl.kernel.sampling import sample_seeded
 from minisgl.kernel.torch_sampling import seed_key
@@ -52,6 +58,10 @@ class BatchSamplingArgs:
     logprob_rows: List[int] = field(default_factory=list)
     logprob_index: torch.Tensor | None = None
     top_logprobs: int = 0
+    # >>> ch24: called once, after the model is launched: ``[B, ceil(V / 32)]`` int32 on the
+    # device, the tokens each row's grammar allows (None: no row has a grammar)
+    token_bitmask: Callable[[], torch.Tensor | None] | None = None
+    # <<< ch24
 
 
 @dataclass
@@ -163,6 +173,12 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """``logits: [B, V]`` -> token ids ``[B]`` int64."""
+        # >>> ch24: a grammar's mask, in place; on a copy when logprobs need the raw logits
+        bitmask = args.token_bitmask() if args.token_bitmask is not None else None
+        if bitmask is not None:
+            logits = logits.clone() if args.logprob_rows else logits
+            apply_token_bitmask(logits, bitmask)
+        # <<< ch24
         if args.temperatures is None:
             return logits.argmax(dim=-1)
         # the argmax reads every logit once more: only when some row is greedy

@@ -23,6 +23,9 @@ class SchedulerConfig(EngineConfig):
     # requests when a decode step runs out of KV pages; off, admission reserves every max_tokens
     enable_retraction: bool = False
     # <<< ch23
+    # >>> ch24: a grammar not compiled in this many seconds fails its request
+    grammar_timeout_s: float = 10.0
+    # <<< ch24
 
     def __post_init__(self) -> None:
         super().__post_init__()

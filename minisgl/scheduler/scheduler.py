@@ -9,7 +9,16 @@ Mirrors upstream ``minisgl.scheduler.scheduler.Scheduler``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, NamedTuple, NoReturn, Set, Tuple, TypeAlias
+from typing import (
+    TYPE_CHECKING,
+    Callable,  # +ch24
+    List,
+    NamedTuple,
+    NoReturn,
+    Set,
+    Tuple,
+    TypeAlias,
+)
 
 import torch
 
@@ -24,6 +33,7 @@ from minisgl.message import (
     SampledLogprobs,
     UserMsg,
 )
+from minisgl.structured import GrammarBackend, GrammarManager  # +ch24
 from minisgl.utils import init_logger, load_eos_token_ids, load_tokenizer
 from minisgl.utils.device import (
     create_stream,  # +ch11
@@ -107,6 +117,17 @@ class Scheduler(SchedulerIOMixin):
 
             self.retract_manager = RetractManager()
         # <<< ch23
+        # >>> ch24: grammars compile off this thread; the library loads with the first one
+        self.grammar_manager = GrammarManager(
+            lambda: GrammarBackend(
+                self.tokenizer, self.engine.sampler.vocab_size, self.eos_token_ids
+            ),
+            self.device,
+            config.grammar_timeout_s,
+            lockstep=config.tp_info.size > 1,  # tensor-parallel ranks admit in step
+        )
+        self._in_flight_data: ForwardData | None = None  # set by the overlap loop
+        # <<< ch24
         super().__init__(config)  # the I/O
 
     # ---- the loops ----------------------------------------------------------------------
@@ -117,7 +138,9 @@ class Scheduler(SchedulerIOMixin):
         self._defer_slot_free = False
         self._in_flight = None
         # <<< ch11
+        self._in_flight_data = None  # +ch24
         blocking = not (self.prefill_manager.runnable or self.decode_manager.runnable)
+        blocking &= not self.grammar_manager.waiting  # +ch24
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
         forward_input = self._schedule_next_batch()
@@ -137,7 +160,9 @@ class Scheduler(SchedulerIOMixin):
         if last_data is None:  # nothing in flight: rows held back for safety can be reused now
             # (not only when blocking: a request waiting for a row would otherwise wait forever)
             self._release_deferred_slots()
+        blocking &= not self.grammar_manager.waiting  # +ch24
         self._in_flight = last_data[0].batch if last_data is not None else None  # for aborts
+        self._in_flight_data = last_data  # a grammar's mask needs its tokens  # +ch24
         for msg in self.receive_msg(blocking=blocking):
             self._process_one_msg(msg)
         forward_input = self._schedule_next_batch()
@@ -176,6 +201,7 @@ class Scheduler(SchedulerIOMixin):
 
     def shutdown(self) -> None:
         synchronize(self.device)
+        self.grammar_manager.shutdown()  # +ch24
         self.engine.shutdown()
 
     # ---- messages and results -------------------------------------------------------------
@@ -200,8 +226,17 @@ class Scheduler(SchedulerIOMixin):
             max_output_len = max_seq_len - input_len
             if msg.sampling_params.max_tokens > max_output_len:
                 msg.sampling_params.max_tokens = max_output_len
+            # >>> ch24: a request with a grammar waits for it to compile
+            if msg.sampling_params.grammar is not None:
+                self.grammar_manager.add(msg)
+                return
+            # <<< ch24
             self.prefill_manager.add_one_req(msg)
         elif isinstance(msg, AbortBackendMsg):
+            # >>> ch24
+            self.grammar_manager.drop_waiting(msg.uid)
+            self.grammar_manager.release(msg.uid)
+            # <<< ch24
             req = self.prefill_manager.abort_req(msg.uid) or self.decode_manager.abort_req(msg.uid)
             req = req or self._find_in_flight(msg.uid)  # +ch11
             if req is not None:
@@ -238,6 +273,7 @@ class Scheduler(SchedulerIOMixin):
                 finished = len(req.input_ids) >= req.max_device_len
                 if not req.sampling_params.ignore_eos:
                     finished |= token in self.eos_token_ids
+                finished |= self.grammar_manager.advance(req.uid, token)  # +ch24
                 msg = DetokenizeMsg(uid=req.uid, next_token=token, finished=finished)
                 if logprobs is not None:  # only rows that asked have them
                     k = req.sampling_params.logprobs or 0
@@ -246,6 +282,7 @@ class Scheduler(SchedulerIOMixin):
                         msg.logprobs = SampledLogprobs(*lp)
                 reply.append(msg)
                 if finished:
+                    self.grammar_manager.release(req.uid)  # +ch24
                     self.decode_manager.remove_req(req)
                     self._free_req_resources(req)
                     new_finished.add(req)
@@ -290,8 +327,44 @@ class Scheduler(SchedulerIOMixin):
 
     # <<< ch11
 
+    # >>> ch24
+    def _admit_compiled_grammars(self) -> None:
+        """Requests whose grammar is compiled join the prefill queue; a failed compile ends
+        its request with the error. Waits a few milliseconds when nothing else can run."""
+        idle = not (self.prefill_manager.runnable or self.decode_manager.runnable)
+        ready, failed = self.grammar_manager.poll(wait_s=0.005 if idle else 0.0)
+        for msg in ready:
+            self.prefill_manager.add_one_req(msg)
+        if failed:
+            self.send_result(
+                [DetokenizeMsg(uid=m.uid, next_token=-1, finished=True, error=e) for m, e in failed]
+            )
+
+    def _grammar_mask(self, reqs: List[Req]) -> Callable[[], torch.Tensor | None] | None:
+        """What the sampler calls for the batch's mask, once the model is launched (None when
+        no request has a grammar). Under overlap the batch in flight holds each matcher's last
+        token: the CPU waits for that batch's tokens and advances the matchers then, while the
+        device runs this batch's model, and fills the mask from them."""
+        if not self.grammar_manager.has_grammar(reqs):
+            return None
+        in_flight = self._in_flight_data
+
+        def mask() -> torch.Tensor | None:
+            if in_flight is not None and self.grammar_manager.has_grammar(in_flight[0].batch.reqs):
+                batch, output = in_flight[0].batch, in_flight[1]
+                output.copy_done_event.synchronize()
+                for i, req in enumerate(batch.reqs):  # those _process_last_data will keep
+                    if not isinstance(req, ChunkedReq) and req not in self.finished_reqs:
+                        token = int(output.next_tokens_cpu[i])
+                        self.grammar_manager.advance(req.uid, token, ahead=True)
+            return self.grammar_manager.fill_mask(reqs)
+
+        return mask
+
+    # <<< ch24
     # ---- one batch ---------------------------------------------------------------------
     def _schedule_next_batch(self) -> ForwardInput | None:
+        self._admit_compiled_grammars()  # +ch24
         # >>> ch23: admission reserves the current share of each output budget
         if self.retract_manager is not None:
             self.prefill_manager.new_token_ratio = self.retract_manager.new_token_ratio.value
@@ -313,7 +386,9 @@ class Scheduler(SchedulerIOMixin):
         write_tuple = _make_write_tuple(batch, self.device)
         batch.out_loc = self.engine.page_table[input_tuple]
         self.engine.attn_backend.prepare_metadata(batch)
-        return ForwardInput(batch, self.engine.sampler.prepare(batch), input_tuple, write_tuple)
+        sample_args = self.engine.sampler.prepare(batch)
+        sample_args.token_bitmask = self._grammar_mask(batch.reqs)  # +ch24
+        return ForwardInput(batch, sample_args, input_tuple, write_tuple)
 
     def _forward(self, forward_input: ForwardInput) -> ForwardOutput:
         batch, sample_args, input_tuple, write_tuple = forward_input

@@ -169,7 +169,32 @@ class TraceRecorder:
         }
         self._arrived = []
         self.steps.append(step)
+        # >>> ch24: each grammar's allowed tokens, counted when the sampler asks for the mask
+        mask = forward_input.sample_args.token_bitmask
+        if mask is not None:
+            forward_input.sample_args.token_bitmask = self._counting(mask, batch, reqs)
+        # <<< ch24
         return forward_input
+
+    # >>> ch24
+    def _counting(
+        self, mask: Callable[[], torch.Tensor | None], batch: Batch, reqs: List[Dict[str, Any]]
+    ) -> Callable[[], torch.Tensor | None]:
+        def counted() -> torch.Tensor | None:
+            bitmask = mask()
+            if bitmask is not None:
+                bits = (bitmask.unsqueeze(-1) >> torch.arange(32, device=bitmask.device)) & 1
+                allowed = bits.flatten(1)[:, : self.scheduler.engine.sampler.vocab_size].sum(1)
+                grammars = self.scheduler.grammar_manager.matchers
+                for rec, req, n in zip(reqs, batch.reqs, allowed.tolist()):
+                    matcher = grammars.get(req.uid)
+                    live = matcher is not None and not matcher.is_terminated()
+                    rec["allowed"] = n if live else None
+            return bitmask
+
+        return counted
+
+    # <<< ch24
 
     def _on_forward(self, original: Callable[..., Any], forward_input: ForwardInput) -> Any:
         t = time.perf_counter()
@@ -239,6 +264,7 @@ class TraceRecorder:
             "sampled": None,
             "text": None,
             "finished": False,
+            "allowed": None,  # tokens its grammar allowed this step  # +ch24
         }
 
     def _rows(self, batch: Batch) -> List[Dict[str, Any]]:
