@@ -211,6 +211,16 @@ def parse_args(argv: List[str] | None, ipc_dir: str) -> ServerArgs:
         "long answers cannot starve short ones)",
     )
     # <<< ch23
+    # >>> ch24
+    p.add_argument(
+        "--grammar-timeout",
+        dest="grammar_timeout_s",
+        type=float,
+        default=ServerArgs.grammar_timeout_s,
+        help="seconds a request's JSON schema, regex or grammar may take to compile; a "
+        "slower one is answered with a 400",
+    )
+    # <<< ch24
     # >>> ch16
     p.add_argument(
         "--tp",

@@ -14,7 +14,15 @@ with the message. Upstream ``minisgl.server.api_server`` has looser models of th
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Mapping, Sequence
+from typing import (
+    Any,
+    Dict,
+    List,
+    Literal,
+    Mapping,
+    Sequence,
+    Tuple,  # +ch24
+)
 
 from fastapi.responses import JSONResponse
 from pydantic import (
@@ -30,6 +38,8 @@ from pydantic import (
 )
 
 from minisgl.core import MAX_TOP_LOGPROBS, SamplingParams
+
+from .response_format import ConstraintError, ResponseFormat, grammar_of  # +ch24
 
 
 class APIError(Exception):
@@ -135,6 +145,12 @@ class _Sampling(BaseModel):
     stop: StrictStr | List[StrictStr] | None = None
     stop_token_ids: List[StrictInt] = Field(default_factory=list)  # vLLM's and SGLang's
     seed: StrictInt | None = None  # this request's own random stream (chapter 6)
+    # >>> ch24: output constraints (SGLang's and vLLM's names); OpenAI's response_format below
+    json_schema: StrictStr | Dict[str, Any] | None = None
+    regex: StrictStr | None = None
+    ebnf: StrictStr | None = None
+    choice: List[StrictStr] | None = Field(default=None, min_length=1)
+    # <<< ch24
 
     @field_validator("seed")
     @classmethod
@@ -147,6 +163,24 @@ class _Sampling(BaseModel):
     def logprobs_wanted(self) -> int | None:
         """None: no logprobs; k >= 0: each token's and its k best alternatives'."""
         return None
+
+    # >>> ch24
+    def constraints(self) -> Dict[str, Any]:
+        """The output-constraint fields, by name."""
+        return {f: getattr(self, f) for f in ("json_schema", "regex", "ebnf", "choice")}
+
+    def grammar(self) -> Tuple[str, str] | None:
+        """The engine's ``(kind, text)`` for the one constraint set, checked.
+
+        Raises:
+            APIError: 400 naming the field, for two constraints or an invalid one.
+        """
+        try:
+            return grammar_of(self.constraints())
+        except ConstraintError as e:
+            raise APIError(400, str(e), e.field) from None
+
+    # <<< ch24
 
     @field_validator("top_k")
     @classmethod
@@ -201,6 +235,7 @@ class _Sampling(BaseModel):
             max_tokens=min(max_tokens, max_seq_len - 1),
             seed=self.seed,
             logprobs=self.logprobs_wanted,
+            grammar=self.grammar(),  # +ch24
         )
 
 
@@ -228,6 +263,7 @@ class _OpenAI(_Sampling):
     frequency_penalty: StrictFloat = Field(default=0.0, allow_inf_nan=False)
     user: StrictStr | None = None  # metadata only
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None  # +ch24
 
     @field_validator("n")
     @classmethod
@@ -248,6 +284,12 @@ class _OpenAI(_Sampling):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    # >>> ch24
+    def constraints(self) -> Dict[str, Any]:
+        return {**super().constraints(), "response_format": self.response_format}
+
+    # <<< ch24
 
 
 class CompletionRequest(_OpenAI):
