@@ -3,6 +3,7 @@
     python -m minisgl.benchmark.structured validity [--model PATH] [--device cpu|cuda] [--n 100]
     python -m minisgl.benchmark.structured mask-cost [--model PATH] [--batch-sizes 1 16 64]
     python -m minisgl.benchmark.structured kernel [--vocab 151936] [--batch-sizes 1 16 64]
+    python -m minisgl.benchmark.structured fill [--model PATH] [--batch-sizes 1 16 64]
 
 ``validity`` asks for ``n`` JSON answers, cycling through ``SCHEMAS`` (nested objects, arrays,
 enums, bounded numbers, optional fields, patterns), each prompt the chat template around the
@@ -15,6 +16,9 @@ the mask allows most of the vocabulary: the library's slowest case); it prints m
 per step (the best of two runs) and the difference the grammar makes.
 ``kernel`` (CUDA) times the mask alone on ``[B, vocab]`` bf16 logits with a random mask: the
 book's Triton kernel, the torch reference, and llguidance's own ``apply_token_bitmask_inplace``.
+``fill`` times the CPU's part of a step alone, no model: the library filling ``B`` rows of
+the mask in one call, for matchers inside a JSON string (most of the vocabulary allowed) and
+between a schema's fields (a few tokens allowed), with the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -274,9 +278,40 @@ def kernel(vocab: int, batch_sizes: List[int]) -> None:
         print(f"  {B:>4} " + " ".join(f"{t:>16.1f}" for t in us))
 
 
+def fill(model: str, batch_sizes: List[int], repeats: int = 20) -> None:
+    from minisgl.structured import GrammarBackend
+    from minisgl.utils import load_eos_token_ids, load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    vocab = len(tokenizer)
+    backend = GrammarBackend(tokenizer, vocab, load_eos_token_ids(model, tokenizer))
+    places = {
+        "inside a string": (LONG_ARRAY, '["a sentence that'),
+        "between fields": (json.dumps(SCHEMAS["weather"]), '{"city": "Oslo", '),
+    }
+    print(f"ms to fill B rows of the mask (vocabulary {vocab}, {model}):")
+    print(f"  {'B':>4} " + " ".join(f"{name:>16}" for name in places))
+    for B in batch_sizes:
+        row = []
+        for schema, text in places.values():
+            start = backend.compile("json_schema", schema)
+            matchers = [start.copy() for _ in range(B)]
+            for m in matchers:
+                for token in tokenizer.encode(text, add_special_tokens=False):
+                    assert m.accept(token), text
+            bitmask = torch.full((B, (vocab + 31) // 32), -1, dtype=torch.int32)
+            rows = [(m, i) for i, m in enumerate(matchers)]
+            backend.fill_bitmask(rows, bitmask)
+            t = time.perf_counter()
+            for _ in range(repeats):
+                backend.fill_bitmask(rows, bitmask)
+            row.append((time.perf_counter() - t) * 1e3 / repeats)
+        print(f"  {B:>4} " + " ".join(f"{ms:>16.3f}" for ms in row))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["validity", "mask-cost", "kernel"])
+    p.add_argument("what", choices=["validity", "mask-cost", "kernel", "fill"])
     p.add_argument(
         "--model", default=os.environ.get("MINISGL_MODEL", "models/SmolLM2-135M-Instruct")
     )
@@ -289,6 +324,8 @@ def main() -> None:
     args = p.parse_args()
     if args.what == "kernel":
         return kernel(args.vocab, args.batch_sizes)
+    if args.what == "fill":
+        return fill(args.model, args.batch_sizes)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     llm = LLM(args.model, dtype=dtype, device=args.device)
     try:
