@@ -374,6 +374,12 @@ class _FakeEngine(Scheduler):
 
             self.retract_manager = RetractManager()
         # <<< ch23
+        # >>> ch24: no request of the fake model asks for a grammar, so no library is ever built
+        from minisgl.structured import GrammarManager
+
+        self.grammar_manager = GrammarManager(lambda: None, self.device)  # type: ignore[arg-type]
+        self._in_flight_data = None
+        # <<< ch24
         self.kv = torch.full(
             (num_pages * page_size,), -1, dtype=torch.int64
         )  # code of (token, pos)
