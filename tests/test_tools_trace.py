@@ -23,7 +23,7 @@ def test_the_books_traces_follow_the_schema(path):
 def test_the_examples_the_book_shows_traces_of_record_them():
     found = {e.name: e for e in outputs.discover(ROOT)}
     names = ["ch07_scheduler", "ch08_cache_manager", "ch09_radix_cache"]
-    names += ["ch10_chunked_prefill", "ch11_overlap", "ch15_server_trace"]
+    names += ["ch10_chunked_prefill", "ch11_overlap", "ch15_server_trace", "ch24_structured"]
     assert all(found[n].trace for n in names)
     assert [p.stem for p in BOOK_TRACES] == sorted(names)
     assert not found["ch15_server_trace"].deterministic  # arrivals depend on timing
