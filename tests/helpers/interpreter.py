@@ -23,7 +23,14 @@ def interpret(script: str, *args: str, timeout: float = 600) -> subprocess.Compl
         os.environ,
         TRITON_INTERPRET="1",
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        # what was on the path stays after (packages installed with --target, say)
+        PYTHONPATH=os.pathsep.join(
+            [
+                str(ROOT),
+                str(ROOT / "tests"),
+                *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+            ]
+        ),
     )
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],

@@ -62,7 +62,9 @@ class Server:
         if small:
             cmd += ["--max-seq-len", str(MAX_SEQ_LEN), "--num-pages", "8192"]
         cmd += extra
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        kept = filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))  # --target installs
+        path = os.pathsep.join([str(ROOT), *kept])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
