@@ -69,12 +69,13 @@ def test_the_reference_mask_forbids_exactly_the_tokens_whose_bit_is_zero(drawn_s
 
 
 def check_triton_mask(device: str, seed: int) -> None:
-    """The Triton kernel (float32 and bf16) writes exactly the reference's ``-inf``s."""
+    """The Triton kernel (float32, and bf16 on a GPU) writes exactly the reference's ``-inf``s."""
     from minisgl.kernel import library_for
 
     g = torch.Generator().manual_seed(seed)
     B, V = 5, 5000  # two blocks of the kernel, the second one partial
-    for dtype in (torch.float32, torch.bfloat16):
+    half = torch.bfloat16 if device == "cuda" else torch.float16  # older interpreters lack bf16
+    for dtype in (torch.float32, half):
         logits = torch.randn(B, V, generator=g).to(device, dtype)
         bitmask = random_bitmask(B, V, g).to(device)
         assert library_for("apply_token_bitmask", logits, bitmask) == "triton"
@@ -186,6 +187,19 @@ def test_a_grammar_slower_than_the_limit_fails_its_request_and_nothing_waits():
     assert ready == [] and [m.uid for m, _ in failed] == [7]
     assert failed[0][1] == "the regex took longer than 0.1 s to compile"
     assert not manager.matchers
+    manager.shutdown()
+
+
+def test_a_compile_that_failed_for_another_reason_than_its_grammar_is_retried():
+    backend = SlowBackend(0.01)
+    broken = mock.Mock(side_effect=[MemoryError("out of memory"), backend.compile("regex", "a+")])
+    manager = GrammarManager(lambda: mock.Mock(compile=broken), torch.device("cpu"))
+    manager.add(user_msg(1, "a+"))
+    ready, failed = poll_until_settled(manager)
+    assert failed[0][1] == "the grammar could not be compiled: out of memory"
+    manager.add(user_msg(2, "a+"))  # not served the cached failure: compiled again
+    ready, failed = poll_until_settled(manager)
+    assert [m.uid for m in ready] == [2] and not failed and broken.call_count == 2
     manager.shutdown()
 
 

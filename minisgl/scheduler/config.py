@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minisgl.engine import EngineConfig
+from minisgl.structured.manager import COMPILE_TIMEOUT_S  # +ch24
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class SchedulerConfig(EngineConfig):
     enable_retraction: bool = False
     # <<< ch23
     # >>> ch24: a grammar not compiled in this many seconds fails its request
-    grammar_timeout_s: float = 10.0
+    grammar_timeout_s: float = COMPILE_TIMEOUT_S
     # <<< ch24
 
     def __post_init__(self) -> None:

@@ -112,7 +112,10 @@ class GrammarManager:
                     self.matchers[w.msg.uid] = w.compiled.result().copy()
                     ready.append(w.msg)
                 else:
-                    if not isinstance(error, GrammarError):
+                    if not isinstance(error, GrammarError):  # not the grammar's fault: retry later
+                        key = w.msg.sampling_params.grammar
+                        if self._compiled.get(key) is w.compiled:
+                            del self._compiled[key]
                         error = f"the grammar could not be compiled: {error}"
                     failed.append((w.msg, str(error)))
             elif now > w.deadline:
@@ -139,7 +142,7 @@ class GrammarManager:
             (m, i)
             for i, r in enumerate(reqs)
             if (m := self.matchers.get(r.uid)) is not None and not m.is_terminated()
-        ]  # a terminated matcher allows nothing: its row (a finished request's) stays open
+        ]  # a terminated matcher's request is finished: its row stays open, nobody reads it
         if not rows:
             return None
         backend = self.backend
