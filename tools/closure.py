@@ -18,9 +18,10 @@ and the autouse ones, so a chapter that adds a fixture reruns only the tests tha
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import PurePosixPath
-from typing import Dict, Iterable, List, Set
+from typing import Dict, FrozenSet, Iterable, List, Set
 
 ROOTS = ("minisgl", "tests")  # the packages of a step tree whose imports are followed
 ALWAYS = ("tests/conftest.py",)
@@ -47,13 +48,16 @@ def _package_of(path: str) -> str:
     return ".".join(parts[:-1])
 
 
-def imported_modules(path: str, text: str, top_level_only: bool = False) -> Set[str]:
+@functools.lru_cache(
+    maxsize=None
+)  # a chapter's check asks of the same file texts thousands of times
+def imported_modules(path: str, text: str, top_level_only: bool = False) -> FrozenSet[str]:
     """Dotted names of the modules ``text`` (the file ``path``) imports, at run time
     (``top_level_only``: leaving out the imports inside functions)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return set()
+        return frozenset()
     skip = _type_checking_lines(tree)
     if top_level_only:
         for node in ast.walk(tree):
@@ -77,13 +81,13 @@ def imported_modules(path: str, text: str, top_level_only: bool = False) -> Set[
             found.update(f"{module}.{alias.name}" for alias in node.names)
     for module in _RUN_MODULE.findall(text):  # python -m <module> in a child process
         found.update({module, f"{module}.__main__"})
-    return {m for m in found if m.split(".")[0] in ROOTS}
+    return frozenset(m for m in found if m.split(".")[0] in ROOTS)
 
 
 def module_file(module: str, files: Iterable[str]) -> str | None:
     """The tree's file of dotted ``module`` (a module or a package), if it has one."""
     base = module.replace(".", "/")
-    present = set(files)
+    present = files if isinstance(files, (dict, set, frozenset)) else set(files)
     for candidate in (f"{base}.py", f"{base}/__init__.py"):
         if candidate in present:
             return candidate
@@ -110,16 +114,21 @@ def closure(start: str, texts: Dict[str, str]) -> Set[str]:
             if found is not None:
                 todo.append(found)
         if _DISCOVERS.search(text):  # the package's every module may be imported
-            folder = str(PurePosixPath(path).parent)
-            todo += [p for p in texts if str(PurePosixPath(p).parent) == folder]
+            folder = _parent(path)
+            todo += [p for p in texts if _parent(p) == folder]
             todo += [
                 p
                 for p in texts
                 if p.startswith(folder + "/")
                 and p.endswith("/__init__.py")
-                and str(PurePosixPath(p).parent.parent) == folder
+                and _parent(_parent(p)) == folder
             ]
     return seen
+
+
+def _parent(path: str) -> str:
+    """``a/b/c.py`` -> ``a/b``; ``c.py`` -> ``.`` (as ``PurePosixPath.parent``, faster)."""
+    return path.rpartition("/")[0] or "."
 
 
 def _is_fixture(node: ast.FunctionDef) -> tuple[bool, bool]:
