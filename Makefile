@@ -12,8 +12,11 @@ models:
 demo: setup models
 	$(PYTHON) examples/ch07_scheduler.py
 
+# two pytest workers, a test file each (its module fixtures stay in one process), one thread
+# apiece: two torch processes with two OpenMP threads each spin-wait into each other
+TEST_JOBS ?= 2
 test: setup models
-	$(PYTHON) -m pytest
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PYTHON) -m pytest -n $(TEST_JOBS) --dist loadfile
 
 docs: setup
 	$(PYTHON) -m mkdocs build --strict
