@@ -21,7 +21,7 @@ import ast
 import functools
 import re
 from pathlib import PurePosixPath
-from typing import Dict, FrozenSet, Iterable, List, Set
+from typing import Container, Dict, FrozenSet, List, Set
 
 ROOTS = ("minisgl", "tests")  # the packages of a step tree whose imports are followed
 ALWAYS = ("tests/conftest.py",)
@@ -48,9 +48,8 @@ def _package_of(path: str) -> str:
     return ".".join(parts[:-1])
 
 
-@functools.lru_cache(
-    maxsize=None
-)  # a chapter's check asks of the same file texts thousands of times
+# a chapter's check asks about the same file texts thousands of times: each is parsed once
+@functools.lru_cache(maxsize=None)
 def imported_modules(path: str, text: str, top_level_only: bool = False) -> FrozenSet[str]:
     """Dotted names of the modules ``text`` (the file ``path``) imports, at run time
     (``top_level_only``: leaving out the imports inside functions)."""
@@ -84,12 +83,12 @@ def imported_modules(path: str, text: str, top_level_only: bool = False) -> Froz
     return frozenset(m for m in found if m.split(".")[0] in ROOTS)
 
 
-def module_file(module: str, files: Iterable[str]) -> str | None:
-    """The tree's file of dotted ``module`` (a module or a package), if it has one."""
+def module_file(module: str, files: Container[str]) -> str | None:
+    """The tree's file of dotted ``module`` (a module or a package), if ``files`` (its paths)
+    has one."""
     base = module.replace(".", "/")
-    present = files if isinstance(files, (dict, set, frozenset)) else set(files)
     for candidate in (f"{base}.py", f"{base}/__init__.py"):
-        if candidate in present:
+        if candidate in files:
             return candidate
     return None
 
