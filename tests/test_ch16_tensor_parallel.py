@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Callable, List
 
+import httpx
 import openai
 import pytest
 import torch
@@ -319,17 +320,15 @@ def tp1_texts(qwen3_path):
 
 def _server_texts(server: Server) -> List[str]:
     """The prompts sent at once, so that the ranks batch them together."""
-    client = server.client()
 
+    # httpx, not the openai client: its response models build their pydantic schemas on first
+    # use, and two threads doing that at once can fail inside pydantic (model_rebuild)
     def one(prompt: str) -> str:
-        out = client.completions.create(
-            model="tiny-qwen3",
-            prompt=prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-        return out.choices[0].text
+        body = {"model": "tiny-qwen3", "prompt": prompt, "max_tokens": MAX_TOKENS}
+        body.update(temperature=0, ignore_eos=True)
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         return list(pool.map(one, PROMPTS))
